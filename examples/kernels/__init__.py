@@ -1,0 +1,1 @@
+"""Real simulation kernels used by the example regression suite, the tests and the benchmarks."""
