@@ -1,0 +1,269 @@
+"""Timeline: a thread-safe collector of a run's events, written as one Perfetto protobuf trace.
+
+The driver, the writer thread and the invariant checker add slices/instants/counters while the
+run goes; ``write(path)`` turns them into a ``.pftrace`` (built with the ``perfetto`` package's
+``TraceProtoBuilder``) that opens in ui.perfetto.dev: one track per named track (``dispatch``,
+``host``, ``writer``, ``compile``, ``window steps``, ``invariants``...), slices as
+``TYPE_SLICE_BEGIN``/``TYPE_SLICE_END`` pairs, instants for violations, and one counter track per
+scalar record. Times are ``time.perf_counter_ns()`` nanoseconds.
+
+One track should be written by one actor at a time (slices on a track must nest); give each
+thread its own track, as the writer thread does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+__all__ = ["Timeline", "now_ns", "STEP_SLICE", "TRACKS"]
+
+#: Name of the per-step slice, in our trace and in JAX's (``StepTraceAnnotation("jaxlog_step")``).
+STEP_SLICE = "jaxlog_step"
+#: Conventional track names used by pytest-jaxlog's drivers.
+TRACKS = ("dispatch", "host", "writer", "compile", "window steps", "invariants")
+
+_SEQ_ID = 1
+
+
+def now_ns() -> int:
+    return time.perf_counter_ns()
+
+
+@dataclass
+class _Slice:
+    track: str
+    name: str
+    start_ns: int
+    end_ns: int
+    args: dict | None
+
+
+@dataclass
+class _Instant:
+    track: str
+    name: str
+    ts_ns: int
+    args: dict | None
+
+
+@dataclass
+class _Counter:
+    name: str
+    ts_ns: np.ndarray
+    values: np.ndarray
+    unit: str | None = None
+
+
+@dataclass
+class _Events:
+    slices: list = field(default_factory=list)
+    instants: list = field(default_factory=list)
+    counters: list = field(default_factory=list)
+    tracks: list = field(default_factory=list)  # names in first-use order
+
+
+def _annotate(ann: Any, key: str, value: Any) -> None:
+    ann.name = str(key)
+    if isinstance(value, (bool, np.bool_)):
+        ann.bool_value = bool(value)
+    elif isinstance(value, (int, np.integer)) and -(2**63) <= int(value) < 2**63:
+        ann.int_value = int(value)
+    elif isinstance(value, (float, np.floating)):
+        ann.double_value = float(value)
+    else:
+        ann.string_value = str(value)
+
+
+class Timeline:
+    """Collects slices, instants and counter series from any thread; ``write`` makes a ``.pftrace``."""
+
+    def __init__(self, name: str = "pytest-jaxlog"):
+        self.name = name
+        self._lock = threading.Lock()
+        self._ev = _Events()
+
+    # -- collecting ---------------------------------------------------------------------------
+    def _track(self, track: str) -> None:
+        if track not in self._ev.tracks:
+            self._ev.tracks.append(track)
+
+    def slice(self, track: str, name: str, start_ns: int, end_ns: int, args: dict | None = None) -> None:
+        """A finished slice ``[start_ns, end_ns]`` on ``track``."""
+        start_ns, end_ns = int(start_ns), int(end_ns)
+        if end_ns < start_ns:
+            raise ValueError(f"[jaxlog] slice {name!r} on {track!r} ends before it starts")
+        with self._lock:
+            self._track(track)
+            self._ev.slices.append(_Slice(track, name, start_ns, end_ns, dict(args) if args else None))
+
+    @contextlib.contextmanager
+    def span(self, track: str, name: str, **args: Any) -> Iterator[None]:
+        """Time the body as a slice (recorded even if the body raises)."""
+        t0 = now_ns()
+        try:
+            yield
+        finally:
+            self.slice(track, name, t0, now_ns(), args or None)
+
+    def instant(self, track: str, name: str, ts_ns: int | None = None, args: dict | None = None) -> None:
+        """A point event (e.g. an invariant violation)."""
+        with self._lock:
+            self._track(track)
+            self._ev.instants.append(_Instant(track, name, now_ns() if ts_ns is None else int(ts_ns),
+                                              dict(args) if args else None))
+
+    def counter_series(self, name: str, ts_ns: Any, values: Any, unit: str | None = None) -> None:
+        """Append points to the counter track ``name`` (e.g. energy against time)."""
+        ts = np.asarray(ts_ns, dtype=np.int64).reshape(-1)
+        vals = np.asarray(values, dtype=np.float64).reshape(-1)
+        if ts.shape != vals.shape:
+            raise ValueError(f"[jaxlog] counter {name!r}: {ts.size} timestamps for {vals.size} values")
+        with self._lock:
+            self._ev.counters.append(_Counter(name, ts.copy(), vals.copy(), unit))
+
+    @property
+    def tracks(self) -> tuple[str, ...]:
+        with self._lock:
+            return tuple(self._ev.tracks)
+
+    def slices(self, track: str | None = None) -> list[_Slice]:
+        with self._lock:
+            return [s for s in self._ev.slices if track is None or s.track == track]
+
+    def instants(self, track: str | None = None) -> list[_Instant]:
+        with self._lock:
+            return [i for i in self._ev.instants if track is None or i.track == track]
+
+    def counter_names(self) -> tuple[str, ...]:
+        with self._lock:
+            return tuple(dict.fromkeys(c.name for c in self._ev.counters))
+
+    # -- writing ------------------------------------------------------------------------------
+    def to_proto(self) -> Any:
+        """The trace as a ``perfetto_trace_pb2.Trace`` message."""
+        from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+        from perfetto.trace_builder.proto_builder import TraceProtoBuilder
+
+        with self._lock:
+            tracks = list(self._ev.tracks)
+            slices = list(self._ev.slices)
+            instants = list(self._ev.instants)
+            counters = list(self._ev.counters)
+
+        builder = TraceProtoBuilder()
+        pid = os.getpid()
+        uuids = iter(range(1000, 1 << 62))
+        process_uuid = next(uuids)
+
+        def descriptor(uuid: int, name: str | None = None, parent: int | None = None) -> Any:
+            packet = builder.add_packet()
+            packet.trusted_packet_sequence_id = _SEQ_ID
+            desc = packet.track_descriptor
+            desc.uuid = uuid
+            if parent is not None:
+                desc.parent_uuid = parent
+            if name is not None:
+                desc.name = name
+            return desc
+
+        first = builder.add_packet()
+        first.trusted_packet_sequence_id = _SEQ_ID
+        first.sequence_flags = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
+        first.track_descriptor.uuid = process_uuid
+        first.track_descriptor.process.pid = pid
+        first.track_descriptor.process.process_name = self.name
+
+        track_uuid: dict[str, int] = {}
+        for i, name in enumerate(tracks):
+            track_uuid[name] = next(uuids)
+            d = descriptor(track_uuid[name], name, process_uuid)
+            d.sibling_order_rank = i
+        counter_uuid: dict[str, int] = {}
+        for c in counters:
+            if c.name not in counter_uuid:
+                counter_uuid[c.name] = next(uuids)
+                d = descriptor(counter_uuid[c.name], c.name, process_uuid)
+                d.counter.SetInParent()
+                if c.unit:
+                    d.counter.unit_name = c.unit
+
+        # Per track, slices become properly nested BEGIN/END pairs (a stack walk over slices
+        # sorted by start, longest first); a slice that overlaps without nesting goes to a
+        # "<track> (overlap)" track so no END ever closes the wrong slice. Streams are then
+        # merged by time with a stable sort, which keeps each track's order at equal times.
+        events: list[tuple[int, tuple[str, Any]]] = []
+        by_track: dict[str, list[_Slice]] = {}
+        for s in slices:
+            by_track.setdefault(s.track, []).append(s)
+        pending = list(by_track.items())
+        while pending:
+            track, group = pending.pop(0)
+            if track not in track_uuid:
+                track_uuid[track] = next(uuids)
+                descriptor(track_uuid[track], track, process_uuid)
+            group.sort(key=lambda s: (s.start_ns, -(s.end_ns - s.start_ns)))
+            stack: list[_Slice] = []
+            spill: list[_Slice] = []
+            for s in group:
+                while stack and stack[-1].end_ns <= s.start_ns:
+                    events.append((stack.pop().end_ns, ("E", track)))
+                if stack and s.end_ns > stack[-1].end_ns:
+                    spill.append(_Slice(f"{track} (overlap)", s.name, s.start_ns, s.end_ns, s.args))
+                    continue
+                events.append((s.start_ns, ("B", s)))
+                stack.append(s)
+            while stack:
+                events.append((stack.pop().end_ns, ("E", track)))
+            if spill:
+                pending.append((spill[0].track, spill))
+        for ins in instants:
+            events.append((ins.ts_ns, ("I", ins)))
+        for c in counters:
+            for t, v in zip(c.ts_ns.tolist(), c.values.tolist()):
+                events.append((int(t), ("C", (c.name, v))))
+        events.sort(key=lambda e: e[0])
+
+        for ts, (kind, obj) in events:
+            packet = builder.add_packet()
+            packet.timestamp = ts
+            packet.trusted_packet_sequence_id = _SEQ_ID
+            te = packet.track_event
+            if kind == "B":
+                te.type = pb.TrackEvent.TYPE_SLICE_BEGIN
+                te.track_uuid = track_uuid[obj.track]
+                te.name = obj.name
+                for k, v in (obj.args or {}).items():
+                    _annotate(te.debug_annotations.add(), k, v)
+            elif kind == "E":
+                te.type = pb.TrackEvent.TYPE_SLICE_END
+                te.track_uuid = track_uuid[obj]
+            elif kind == "I":
+                te.type = pb.TrackEvent.TYPE_INSTANT
+                te.track_uuid = track_uuid[obj.track]
+                te.name = obj.name
+                for k, v in (obj.args or {}).items():
+                    _annotate(te.debug_annotations.add(), k, v)
+            else:
+                name, value = obj
+                te.type = pb.TrackEvent.TYPE_COUNTER
+                te.track_uuid = counter_uuid[name]
+                te.double_counter_value = float(value)
+        return builder.trace
+
+    def write(self, path: str | os.PathLike) -> Path:
+        """Write the ``.pftrace`` (atomically: a temp file renamed into place) and return its path."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = self.to_proto().SerializeToString()
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+        return path

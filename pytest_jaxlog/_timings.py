@@ -1,0 +1,327 @@
+"""Timings of a run and the compilations behind them, with assertions that read well in a test.
+
+Absolute times are noisy on CI, so the assertions are about counts (``assert_compiles``) and
+ratios against another measurement of the same machine (``assert_faster_than``/``assert_overhead``).
+
+Compilations are seen through two public JAX channels: the ``jax.monitoring`` event
+``/jax/core/compile/backend_compile_duration`` (name and seconds, always emitted) and the
+"Compiling <name> with global shapes and types ..." log record (argument shapes/dtypes). The
+record is taken at DEBUG level from its one logger while a tracker is open, so enabling the
+tracker does not print warnings the way ``jax_log_compiles`` does.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+__all__ = ["CompileEvent", "CompileTracker", "Timings", "describe_avals"]
+
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+# The logger JAX's lowering uses for the "Compiling ..." record; only its name is used here.
+_COMPILE_LOGGER = "jax._src.interpreters.pxla"
+_COMPILE_PREFIX = "Compiling "
+
+
+def _short_dtype(dtype: Any) -> str:
+    name = np.dtype(dtype).name if not hasattr(dtype, "name") else dtype.name
+    short = {
+        "float16": "f16", "float32": "f32", "float64": "f64", "bfloat16": "bf16",
+        "int8": "s8", "int16": "s16", "int32": "s32", "int64": "s64",
+        "uint8": "u8", "uint16": "u16", "uint32": "u32", "uint64": "u64",
+        "bool": "bool", "complex64": "c64", "complex128": "c128",
+    }
+    return short.get(name, name)
+
+
+def describe_avals(avals: Iterable[Any]) -> tuple[str, ...]:
+    """``ShapedArray(float32[64,3])`` -> ``"f32[64,3]"``; weak types marked ``"weak_type f32[]"``."""
+    out = []
+    for aval in avals:
+        shape = getattr(aval, "shape", None)
+        dtype = getattr(aval, "dtype", None)
+        if shape is None or dtype is None:
+            out.append(str(aval))
+            continue
+        try:
+            text = f"{_short_dtype(dtype)}[{','.join(str(d) for d in shape)}]"
+        except TypeError:
+            text = str(aval)
+        if getattr(aval, "weak_type", False):
+            text = f"weak_type {text}"
+        out.append(text)
+    return tuple(out)
+
+
+@dataclass
+class CompileEvent:
+    """One compilation: JAX's name for it (``"jit(step)"``), argument shapes/dtypes, backend seconds."""
+
+    name: str
+    args: tuple[str, ...] | None = None
+    seconds: float | None = None
+    thread: str | None = None
+
+    @property
+    def function(self) -> str:
+        """The bare function name: ``"jit(step)"`` -> ``"step"``."""
+        name = self.name
+        for prefix in ("jit(", "pjit(", "pmap(", "xla_pmap(", "shard_map("):
+            if name.startswith(prefix) and name.endswith(")"):
+                return name[len(prefix):-1]
+        return name
+
+    def __str__(self) -> str:
+        args = "(?)" if self.args is None else f"({', '.join(self.args)})"
+        secs = "" if self.seconds is None else f" [{self.seconds * 1e3:.1f} ms]"
+        return f"{self.function}{args}{secs}"
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "args": None if self.args is None else list(self.args),
+                "seconds": self.seconds, "thread": self.thread}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "CompileEvent":
+        args = d.get("args")
+        return cls(d["name"], None if args is None else tuple(args), d.get("seconds"), d.get("thread"))
+
+
+# --- process-wide hookup: one handler and one monitoring listener, shared by open trackers -------
+
+_hook_lock = threading.RLock()
+_open_trackers: list["CompileTracker"] = []
+_saved_level: int | None = None
+
+
+class _Handler(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:  # noqa: D401 - logging API
+        try:
+            if not (isinstance(record.msg, str) and record.msg.startswith(_COMPILE_PREFIX)):
+                return
+            args = record.args if isinstance(record.args, tuple) else ()
+            if len(args) >= 2 and isinstance(args[0], str):
+                name, avals = args[0], describe_avals(args[1])
+            else:  # message format changed: keep the name if we can
+                name, avals = record.getMessage()[len(_COMPILE_PREFIX):].split(" ", 1)[0], None
+            thread = record.threadName
+            with _hook_lock:
+                trackers = list(_open_trackers)
+            for t in trackers:
+                t._on_lowering(name, avals, thread)
+        except Exception:  # never break a user's compile because of bookkeeping
+            pass
+
+
+_handler = _Handler(level=logging.DEBUG)
+
+
+def _on_duration(event: str, duration: float, **kwargs: Any) -> None:
+    if event != BACKEND_COMPILE_EVENT:
+        return
+    name = str(kwargs.get("fun_name", "?"))
+    thread = threading.current_thread().name
+    with _hook_lock:
+        trackers = list(_open_trackers)
+    for t in trackers:
+        t._on_backend_compile(name, float(duration), thread)
+
+
+def _hook(tracker: "CompileTracker") -> None:
+    global _saved_level
+    import jax.monitoring
+
+    with _hook_lock:
+        if not _open_trackers:
+            logger = logging.getLogger(_COMPILE_LOGGER)
+            _saved_level = logger.level
+            if logger.getEffectiveLevel() > logging.DEBUG:
+                logger.setLevel(logging.DEBUG)
+            logger.addHandler(_handler)
+            jax.monitoring.register_event_duration_secs_listener(_on_duration)
+        _open_trackers.append(tracker)
+
+
+def _unhook(tracker: "CompileTracker") -> None:
+    import jax.monitoring
+
+    with _hook_lock:
+        if tracker in _open_trackers:
+            _open_trackers.remove(tracker)
+        if not _open_trackers:
+            logger = logging.getLogger(_COMPILE_LOGGER)
+            logger.removeHandler(_handler)
+            if _saved_level is not None:
+                logger.setLevel(_saved_level)
+            try:
+                jax.monitoring.unregister_event_duration_listener(_on_duration)
+            except (AssertionError, ValueError, KeyError):
+                pass
+
+
+class CompileTracker:
+    """Context manager recording every JAX compilation that happens while it is open.
+
+    ``CompileTracker()`` counts everything; ``CompileTracker(step)`` (functions or names) counts
+    only compilations of those functions in ``.count``/``.events`` while ``.all_events`` keeps all
+    (eager ``jnp`` ops compile tiny ``jit(<primitive>)`` programs once per process, which is why a
+    filter is useful). Compilations on other threads are seen too: the JAX hooks are global.
+    Trackers nest and may overlap in time; the logger level is restored when the last one exits.
+    """
+
+    def __init__(self, *functions: Callable | str):
+        names = set()
+        for f in functions:
+            if isinstance(f, str):
+                names.add(f)
+            else:
+                name = getattr(f, "__name__", None) or getattr(getattr(f, "func", None), "__name__", None)
+                if name is None:
+                    raise TypeError(f"[jaxlog] CompileTracker needs functions or names, got {f!r}")
+                names.add(name)
+        self.functions = frozenset(names)
+        self.all_events: list[CompileEvent] = []
+        self._lock = threading.Lock()
+        self._open = False
+
+    # hooks (called from any thread)
+    def _on_lowering(self, name: str, args: tuple[str, ...] | None, thread: str) -> None:
+        with self._lock:
+            self.all_events.append(CompileEvent(name, args, None, thread))
+
+    def _on_backend_compile(self, name: str, seconds: float, thread: str) -> None:
+        with self._lock:
+            for ev in self.all_events:  # pair with the oldest lowering of that name still unpaired
+                if ev.name == name and ev.seconds is None and ev.thread == thread:
+                    ev.seconds = seconds
+                    return
+            self.all_events.append(CompileEvent(name, None, seconds, thread))
+
+    def __enter__(self) -> "CompileTracker":
+        if self._open:
+            raise RuntimeError("[jaxlog] CompileTracker is already open")
+        self._open = True
+        _hook(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._open = False
+        _unhook(self)
+
+    def _counts(self, ev: CompileEvent) -> bool:
+        return not self.functions or ev.function in self.functions or ev.name in self.functions
+
+    @property
+    def events(self) -> list[CompileEvent]:
+        """Compilations of the tracked functions (all compilations when none were given)."""
+        with self._lock:
+            return [ev for ev in self.all_events if self._counts(ev)]
+
+    @property
+    def count(self) -> int:
+        return len(self.events)
+
+    @property
+    def seconds(self) -> float:
+        return float(sum(ev.seconds or 0.0 for ev in self.events))
+
+    def timings(self, wall_s: float, steps: int, window: np.ndarray | None = None) -> "Timings":
+        """Build the :class:`Timings` of a run measured while this tracker was open."""
+        events = tuple(self.events)
+        return Timings(wall_s=float(wall_s), steps=int(steps), compiles=len(events),
+                       compile_s=float(sum(ev.seconds or 0.0 for ev in events)),
+                       compile_events=events, window=window)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+@dataclass
+class Timings:
+    """How long a run took and what it compiled.
+
+    ``wall_s`` covers the whole run (compilation included), ``steps`` the work steps done,
+    ``compiles``/``compile_s``/``compile_events`` the step function's compilations during the run,
+    ``window`` the per-step seconds of the profile window read back from the trace (or None).
+    """
+
+    wall_s: float
+    steps: int
+    compiles: int = 0
+    compile_s: float = 0.0
+    compile_events: tuple[CompileEvent, ...] = field(default_factory=tuple)
+    window: np.ndarray | None = None
+
+    @property
+    def steps_per_s(self) -> float:
+        if self.wall_s <= 0:
+            return math.inf if self.steps else 0.0
+        return self.steps / self.wall_s
+
+    @property
+    def s_per_step(self) -> float:
+        return self.wall_s / self.steps if self.steps else math.nan
+
+    def _compile_list(self, limit: int = 8) -> str:
+        if not self.compile_events:
+            return ""
+        shown = "; ".join(str(ev) for ev in self.compile_events[:limit])
+        more = len(self.compile_events) - limit
+        return ": " + shown + (f"; ... and {more} more" if more > 0 else "")
+
+    def assert_compiles(self, n: int, *, at_most: bool = False) -> None:
+        """Assert the step function compiled exactly ``n`` times (``at_most=True``: no more than ``n``).
+
+        The failure names each compilation with its argument shapes/dtypes, which is usually
+        enough to see a weak type or a changing shape that causes recompiles.
+        """
+        ok = self.compiles <= n if at_most else self.compiles == n
+        if not ok:
+            want = f"at most {_plural(n, 'compilation')}" if at_most else _plural(n, "compilation")
+            raise AssertionError(f"[jaxlog] expected {want}, saw {self.compiles}{self._compile_list()}")
+
+    def assert_faster_than(self, other: "Timings | float", ratio: float = 1.0) -> None:
+        """Assert ``self.steps_per_s >= ratio * other.steps_per_s`` (``other`` may be steps/s).
+
+        ``ratio=1.0``: at least as fast; ``ratio=0.9``: may be up to 10% slower in throughput;
+        ``ratio=2.0``: at least twice as fast.
+        """
+        base = other.steps_per_s if isinstance(other, Timings) else float(other)
+        if ratio <= 0:
+            raise ValueError(f"[jaxlog] ratio must be > 0, got {ratio}")
+        if not self.steps_per_s >= ratio * base:
+            raise AssertionError(
+                f"[jaxlog] expected at least {ratio:g}x the throughput of the reference "
+                f"({ratio * base:.4g} steps/s), got {self.steps_per_s:.4g} steps/s "
+                f"({self.steps_per_s / base if base else math.inf:.3g}x; reference {base:.4g} steps/s)")
+
+    def assert_overhead(self, limit: "Timings | float", at_most: float) -> None:
+        """Assert seconds per step ``<= at_most * limit``'s (``limit`` may be seconds per step).
+
+        The performance-contract form: ``run.timings.assert_overhead(bare_scan, at_most=1.10)``.
+        """
+        base = limit.s_per_step if isinstance(limit, Timings) else float(limit)
+        if not self.s_per_step <= at_most * base:
+            raise AssertionError(
+                f"[jaxlog] expected at most {at_most:g}x the reference time per step "
+                f"({at_most * base * 1e6:.4g} us), got {self.s_per_step * 1e6:.4g} us "
+                f"({self.s_per_step / base if base else math.inf:.3g}x)")
+
+    def to_json(self) -> dict:
+        return {"wall_s": self.wall_s, "steps": self.steps, "steps_per_s": self.steps_per_s,
+                "compiles": self.compiles, "compile_s": self.compile_s,
+                "compile_events": [ev.to_json() for ev in self.compile_events],
+                "window": None if self.window is None else [float(x) for x in self.window]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Timings":
+        window = d.get("window")
+        return cls(wall_s=float(d["wall_s"]), steps=int(d["steps"]), compiles=int(d.get("compiles", 0)),
+                   compile_s=float(d.get("compile_s", 0.0)),
+                   compile_events=tuple(CompileEvent.from_json(e) for e in d.get("compile_events", ())),
+                   window=None if window is None else np.asarray(window, dtype=np.float64))

@@ -1,0 +1,170 @@
+"""Timings and CompileTracker: real JAX compilations, counted with names and argument shapes."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pytest_jaxlog._timings import CompileEvent, CompileTracker, Timings, describe_avals
+
+
+def _make_step():
+    # A fresh function per test: jit caches are per function, so its first call compiles here.
+    @jax.jit
+    def step(x, c):
+        return x * c + 1.0, c * 1.0
+
+    return step
+
+
+def test_stable_kernel_compiles_exactly_once():
+    step = _make_step()
+    x, c = jnp.ones((64, 3)), jnp.float32(0.5)
+    with CompileTracker(step) as tracker:
+        for _ in range(50):
+            x, c = step(x, c)
+        jax.block_until_ready(x)
+    assert tracker.count == 1
+    (ev,) = tracker.events
+    assert ev.function == "step"
+    assert ev.args == ("f32[64,3]", "f32[]")
+    assert ev.seconds is not None and ev.seconds > 0
+    timings = tracker.timings(wall_s=1.0, steps=50)
+    timings.assert_compiles(1)
+    assert timings.compile_s == pytest.approx(ev.seconds)
+
+
+def test_weak_type_flip_recompiles_and_the_message_says_why():
+    step = _make_step()
+    x = jnp.ones((64, 3))
+    c = 0.5
+    with CompileTracker(step) as tracker:
+        for k in range(8):
+            # a hand-written loop that re-wraps its scalar: python float (weak) on even steps
+            c = float(c) if k % 2 == 0 else jnp.float32(c)
+            x, c = step(x, c)
+    assert tracker.count == 2  # one per weak/strong variant; the jit cache then holds both
+    timings = tracker.timings(wall_s=1.0, steps=8)
+    with pytest.raises(AssertionError) as info:
+        timings.assert_compiles(1)
+    msg = str(info.value)
+    assert msg.startswith("[jaxlog] expected 1 compilation, saw 2")
+    assert "step(f32[64,3], weak_type f32[])" in msg
+    assert "step(f32[64,3], f32[])" in msg
+    timings.assert_compiles(2)
+    timings.assert_compiles(3, at_most=True)
+
+
+def test_shape_change_recompiles_every_step():
+    @jax.jit
+    def grow(x):
+        return jnp.concatenate([x, x[:1] * 2.0])
+
+    x = jnp.ones((4, 3))
+    with CompileTracker(grow) as tracker:
+        for _ in range(5):
+            x = grow(x)
+    assert tracker.count == 5
+    assert [ev.args for ev in tracker.events] == [(f"f32[{n},3]",) for n in range(4, 9)]
+    with pytest.raises(AssertionError, match=r"saw 5: grow\(f32\[4,3\]\)"):
+        tracker.timings(1.0, 5).assert_compiles(1, at_most=True)
+
+
+def test_filter_and_all_events_and_nesting():
+    step = _make_step()
+
+    @jax.jit
+    def other(x):
+        return x - 1
+
+    x = jnp.ones((2, 2))
+    with CompileTracker() as everything:
+        with CompileTracker(step) as only_step, CompileTracker("other") as only_other:
+            step(x, jnp.float32(1.0))
+            other(x)
+        other(jnp.ones((3,)))  # after the inner trackers closed
+    assert only_step.count == 1 and only_step.events[0].function == "step"
+    assert only_other.count == 1 and only_other.events[0].function == "other"
+    assert {ev.function for ev in everything.events} >= {"step", "other"}
+    assert sum(ev.function == "other" for ev in everything.events) == 2
+    assert len(only_step.all_events) >= 2  # unfiltered view keeps the rest
+
+
+def test_tracker_restores_logging_and_is_quiet(caplog):
+    logger = logging.getLogger("jax._src.interpreters.pxla")
+    before = (logger.level, list(logger.handlers))
+    with caplog.at_level(logging.WARNING):
+        with CompileTracker() as tracker:
+            jax.jit(lambda v: v * 3)(jnp.ones(3))
+    assert tracker.count >= 1
+    assert (logger.level, list(logger.handlers)) == before
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "Compiling" in r.getMessage()]
+    assert jax.config.jax_log_compiles is False
+    # closed: later compilations are not seen
+    n = len(tracker.all_events)
+    jax.jit(lambda v: v * 4)(jnp.ones(3))
+    assert len(tracker.all_events) == n
+
+
+def test_describe_avals():
+    avals = [jax.core.ShapedArray((64, 3), jnp.float32), jax.core.ShapedArray((), jnp.int32, weak_type=True),
+             jax.core.ShapedArray((2,), jnp.bfloat16), "opaque"]
+    assert describe_avals(avals) == ("f32[64,3]", "weak_type s32[]", "bf16[2]", "opaque")
+
+
+def test_assert_faster_than_and_overhead():
+    fast = Timings(wall_s=1.0, steps=1000)
+    slow = Timings(wall_s=2.0, steps=1000)
+    fast.assert_faster_than(slow)
+    fast.assert_faster_than(slow, ratio=2.0)
+    with pytest.raises(AssertionError, match=r"at least 2.1x the throughput"):
+        fast.assert_faster_than(slow, ratio=2.1)
+    slow.assert_faster_than(fast, ratio=0.5)
+    with pytest.raises(AssertionError, match=r"\[jaxlog\]"):
+        slow.assert_faster_than(fast)
+    slow.assert_faster_than(400.0)  # steps/s
+    slow.assert_overhead(fast, at_most=2.0)
+    with pytest.raises(AssertionError, match=r"at most 1.1x the reference time per step"):
+        slow.assert_overhead(fast, at_most=1.1)
+    with pytest.raises(ValueError):
+        fast.assert_faster_than(slow, ratio=0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(w1=st.floats(1e-3, 1e3), w2=st.floats(1e-3, 1e3), n1=st.integers(1, 10**6), n2=st.integers(1, 10**6),
+       ratio=st.floats(0.1, 10))
+def test_faster_than_matches_its_definition(w1, w2, n1, n2, ratio):
+    a, b = Timings(wall_s=w1, steps=n1), Timings(wall_s=w2, steps=n2)
+    expected = a.steps_per_s >= ratio * b.steps_per_s
+    try:
+        a.assert_faster_than(b, ratio)
+        passed = True
+    except AssertionError:
+        passed = False
+    assert passed == expected
+    # overhead is the same budget, expressed per step
+    try:
+        a.assert_overhead(b, at_most=1 / ratio)
+        ok = True
+    except AssertionError:
+        ok = False
+    if not math.isclose(a.steps_per_s, ratio * b.steps_per_s, rel_tol=1e-9):
+        assert ok == expected
+
+
+def test_timings_json_roundtrip_and_properties():
+    t = Timings(wall_s=2.0, steps=10, compiles=1, compile_s=0.5,
+                compile_events=(CompileEvent("jit(step)", ("f32[3]",), 0.5),), window=np.array([0.1, 0.2]))
+    assert t.steps_per_s == 5.0 and t.s_per_step == 0.2
+    back = Timings.from_json(t.to_json())
+    assert back.compile_events == t.compile_events
+    np.testing.assert_array_equal(back.window, t.window)
+    assert str(t.compile_events[0]) == "step(f32[3]) [500.0 ms]"
+    assert Timings(wall_s=0.0, steps=0).steps_per_s == 0.0
