@@ -1,1 +1,133 @@
-"""pytest plugin entry point (filled in by the plugin work). Imports no jax/h5py/perfetto."""
+"""pytest plugin ``jaxlog``: options, marker, the ``jaxlog``/``jaxlog_factory`` fixtures, artifacts, reports.
+
+Thin on purpose: the work is in ``_session.py``. Loading this module imports no jax, h5py or
+perfetto, so a user's conftest can still set ``XLA_FLAGS``/``JAX_*`` before jax starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import pytest
+
+from ._errors import JaxlogError
+from ._session import (
+    REPORTS_KEY,
+    SESSION_KEY,
+    JaxlogFactory,
+    JaxlogFixture,
+    JaxlogSession,
+    add_options,
+    marker_settings,
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    add_options(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "jaxlog(profile=(start, stop), keep='failed|all|none', on_violation='raise|warn|record', chunk=N, "
+        "progress='auto|on|off'): per-test settings of the jaxlog fixture",
+    )
+    session = config.stash[SESSION_KEY] = JaxlogSession(config)
+    config.pluginmanager.register(_Collector(session), "jaxlog-collector")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist controller: every worker writes under the controller's (absolute) artifact directory."""
+    session = node.config.stash.get(SESSION_KEY, None)
+    if session is not None:
+        node.workerinput["jaxlog_dir"] = str(session.base)
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    s = config.stash.get(SESSION_KEY, None)
+    if s is None or s.worker is not None:
+        return None
+    return f"jaxlog: dir={s.display(s.base)} keep={s.settings.keep} golden_dir={s.display(s.golden_dir)}"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: Any) -> Iterator[Any]:
+    session = item.config.stash[SESSION_KEY]
+    session.current_item = item
+    try:
+        return (yield)
+    finally:
+        session.current_item = None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
+    session = item.config.stash[SESSION_KEY]
+    entry = None
+    if call.when == "teardown":
+        entry = session.finish_item(item, call.excinfo)  # before the report copies user_properties
+    report = yield
+    item.stash.setdefault(REPORTS_KEY, {})[call.when] = report
+    if call.when == "call" and report.failed:
+        text = session.section(item)
+        if text:
+            report.sections.append(("jaxlog", text))
+    if entry is not None:
+        report.jaxlog = entry  # travels to the xdist controller with the report
+    return report
+
+
+class _Collector:
+    """Registered per config: gathers manifest entries from reports (the xdist controller gets the workers')."""
+
+    def __init__(self, session: JaxlogSession):
+        self.session = session
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        entry = getattr(report, "jaxlog", None)
+        if isinstance(entry, dict) and report.when == "teardown":
+            self.session.record_entry(entry)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("jaxlog") is not None:
+        try:
+            marker_settings(item, item.config.stash[SESSION_KEY].settings)
+        except JaxlogError as e:
+            pytest.fail(str(e), pytrace=False)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    s = session.config.stash.get(SESSION_KEY, None)
+    if s is not None:
+        s.write_manifest(exitstatus)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    s = config.stash.get(SESSION_KEY, None)
+    if s is not None:
+        s.summary(terminalreporter)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    collector = config.pluginmanager.get_plugin("jaxlog-collector")
+    if collector is not None:
+        config.pluginmanager.unregister(collector)
+
+
+@pytest.fixture
+def jaxlog(request: pytest.FixtureRequest) -> Iterator[JaxlogFixture]:
+    """Runs kernels with ``jaxlog.run(step, state, steps, ...)`` / ``jaxlog.recorder(...)`` into this test's
+    artifact directory (``jaxlog.dir``): HDF5 trajectory, timeline, profile window per marker/options."""
+    session = request.config.stash[SESSION_KEY]
+    fx = JaxlogFixture(session, session.state_for(request.node))
+    yield fx
+    fx.close()
+
+
+@pytest.fixture(scope="session")
+def jaxlog_factory(request: pytest.FixtureRequest) -> JaxlogFactory:
+    """For ``@given`` tests: ``with jaxlog_factory() as jaxlog:`` per example (no function-scoped fixture)."""
+    return JaxlogFactory(request.config.stash[SESSION_KEY])
