@@ -1,0 +1,339 @@
+"""``python -m pytest_jaxlog`` / ``jaxlog``: inspect, compare, summarise and plot what a run left.
+
+Exit codes: 0 fine, 1 the trajectories differ (``diff``), 2 bad input (a missing file, an unknown
+record, a missing optional dependency) with a one-line ``[jaxlog] ...`` message on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ._errors import JaxlogError
+
+
+class UsageError(Exception):
+    """Bad input reported as one line on stderr, exit code 2."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m pytest_jaxlog",
+        description="Inspect, compare, summarise and plot pytest-jaxlog trajectories and traces.",
+        epilog="Exit codes: 0 ok, 1 trajectories differ (diff), 2 bad input.",
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    info = sub.add_parser("info", help="records, shapes, dtypes, steps, status, violation, provenance of a trajectory",
+                          description="Describe a jaxlog HDF5 trajectory: records (shape, dtype, steps), status, "
+                          "violation and provenance.")
+    info.add_argument("file", metavar="FILE", help="a jaxlog HDF5 trajectory (.h5)")
+    info.add_argument("--json", action="store_true", help="print the description as JSON")
+
+    diff = sub.add_parser("diff", help="compare two trajectories (exit 1 when they differ)",
+                          description="Compare trajectory A (obtained) with B (expected) using the same engine as "
+                          "jl.assert_trajectory_close: record sets, steps, shapes, dtypes, then values with "
+                          "|a-b| <= atol + rtol*|b|. Exit code 0 if they match, 1 if they differ.")
+    diff.add_argument("a", metavar="A", help="obtained trajectory (.h5)")
+    diff.add_argument("b", metavar="B", help="expected trajectory (.h5), e.g. a golden file")
+    diff.add_argument("--rtol", type=float, default=1e-7, help="relative tolerance (default 1e-7)")
+    diff.add_argument("--atol", type=float, default=0.0, help="absolute tolerance (default 0)")
+    diff.add_argument("--records", nargs="+", metavar="RECORD", help="compare only these records (names or prefixes)")
+    diff.add_argument("--steps", metavar="LO:HI[:STRIDE]", help="compare only steps LO <= step < HI (either may be empty)")
+    diff.add_argument("--nan-differs", action="store_true", help="treat NaN at the same position as a difference")
+
+    trace = sub.add_parser("trace", help="timings summary of a Perfetto/JAX trace",
+                           description="Summarise a trace (jaxlog .pftrace or JAX's perfetto_trace.json.gz / "
+                           "trace.json.gz): steps, median and p90 step time, XLA compilations, top slices.")
+    trace.add_argument("file", metavar="FILE", help="trace file")
+    trace.add_argument("--top", type=int, default=10, help="how many slice names to list (default 10)")
+
+    plot = sub.add_parser("plot", help="plot records against step (or time) into an image",
+                          description="Plot records of a trajectory, one subplot per record, against step "
+                          "(or time with --time). Needs matplotlib: pip install 'pytest-jaxlog[plot]'.")
+    plot.add_argument("file", metavar="FILE", help="a jaxlog HDF5 trajectory (.h5)")
+    plot.add_argument("records", nargs="*", metavar="RECORD", help="records to plot (default: every scalar record)")
+    plot.add_argument("-o", "--output", required=True, help="output image (.png, .svg, .pdf)")
+    plot.add_argument("--time", action="store_true", help="x axis is time (needs dt) instead of step")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return {"info": cmd_info, "diff": cmd_diff, "trace": cmd_trace, "plot": cmd_plot}[args.command](args)
+    except (UsageError, JaxlogError) as exc:
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if not msg.startswith("[jaxlog]"):
+            msg = f"[jaxlog] {msg}"
+        print(msg, file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `... | head`
+        return 0
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _existing(path: str, what: str = "file") -> Path:
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"[jaxlog] {what} {path} does not exist")
+    if p.is_dir():
+        raise UsageError(f"[jaxlog] {path} is a directory, not a {what}")
+    return p
+
+
+def _load(path: str):
+    p = _existing(path, "trajectory")
+    from ._trajectory import load
+
+    try:
+        return load(p)
+    except JaxlogError:
+        raise
+    except Exception as exc:  # h5py/OS errors: not a jaxlog file, truncated, ...
+        raise UsageError(f"[jaxlog] cannot read trajectory {path}: {type(exc).__name__}: {exc}") from exc
+
+
+def _steps_summary(steps: np.ndarray) -> str:
+    n = len(steps)
+    if n == 0:
+        return "0 frames"
+    s = f"{n} frame{'s' if n != 1 else ''}, steps {int(steps[0])}..{int(steps[-1])}"
+    if n > 2:
+        d = np.diff(steps)
+        if (d == d[0]).all():
+            s += f" every {int(d[0])}"
+    return s
+
+
+def _leaf_info(traj, path: str) -> dict:
+    spec = None
+    schema = getattr(traj, "schema", None)
+    if schema is not None:
+        try:
+            spec = schema[path]
+        except (KeyError, TypeError):
+            spec = None
+    steps = np.asarray(traj.steps(path))
+    if spec is not None:
+        shape, dtype = tuple(spec.shape), np.dtype(spec.dtype).name
+        key_impl = getattr(spec, "key_impl", None)
+    else:
+        vals = np.asarray(traj[path])
+        shape, dtype, key_impl = vals.shape[1:], vals.dtype.name, None
+    return {"path": path, "shape": list(shape), "dtype": dtype, "key_impl": key_impl,
+            "frames": int(len(steps)), "first_step": int(steps[0]) if len(steps) else None,
+            "last_step": int(steps[-1]) if len(steps) else None, "steps": _steps_summary(steps)}
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def cmd_info(args) -> int:
+    traj = _load(args.file)
+    leaves = [_leaf_info(traj, p) for p in traj.records]
+    desc = {
+        "file": str(args.file),
+        "status": getattr(traj, "status", None),
+        "steps_done": getattr(traj, "steps_done", None),
+        "violation": getattr(traj, "violation", None),
+        "records": leaves,
+        "provenance": getattr(traj, "provenance", None) or {},
+    }
+    if args.json:
+        print(json.dumps(desc, indent=2, default=str))
+        return 0
+    print(f"{args.file}")
+    print(f"  status: {desc['status']}   steps done: {desc['steps_done']}")
+    v = desc["violation"]
+    if v:
+        msg = v.get("message") if isinstance(v, dict) else None
+        if msg:
+            print(f"  violation: {msg.splitlines()[0]}")
+        else:
+            print("  violation: " + ", ".join(f"{k}={v[k]}" for k in ("invariant", "record", "step", "system") if isinstance(v, dict) and v.get(k) is not None))
+    else:
+        print("  violation: none")
+    print(f"  records ({len(leaves)}):")
+    w = max([len(x["path"]) for x in leaves] + [6])
+    for x in leaves:
+        shape = "(" + ", ".join(map(str, x["shape"])) + ("," if len(x["shape"]) == 1 else "") + ")"
+        dtype = x["dtype"] + (f" (key {x['key_impl']})" if x["key_impl"] else "")
+        print(f"    {x['path']:<{w}}  {dtype:<9} {shape:<14} {x['steps']}")
+    prov = desc["provenance"]
+    if prov:
+        print("  provenance:")
+        for k in sorted(prov):
+            val = prov[k]
+            if isinstance(val, (dict, list)):
+                val = json.dumps(val, default=str)
+            print(f"    {k}: {val}")
+    return 0
+
+
+def _parse_steps(text: str | None):
+    if text is None:
+        return None
+    parts = text.split(":")
+    if len(parts) not in (2, 3):
+        raise UsageError(f"[jaxlog] --steps takes LO:HI or LO:HI:STRIDE, got {text!r}")
+    try:
+        nums = [int(x) if x.strip() else None for x in parts]
+    except ValueError:
+        raise UsageError(f"[jaxlog] --steps takes integers LO:HI[:STRIDE], got {text!r}") from None
+    return slice(*nums)
+
+
+def cmd_diff(args) -> int:
+    from ._golden import diff_trajectories
+
+    a, b = _load(args.a), _load(args.b)
+    d = diff_trajectories(a, b, rtol=args.rtol, atol=args.atol, records=args.records,
+                          steps=_parse_steps(args.steps), equal_nan=not args.nan_differs)
+    print(d.report())
+    return 0 if d.ok else 1
+
+
+# trace ----------------------------------------------------------------------
+
+# One slice per XLA compilation, by trace kind: JAX's TraceMe around the backend compile (any
+# backend), else the PJRT client's Compile; in our .pftrace, slices on the driver's "compile" track.
+_COMPILE_SLICES = ("backend_compile_and_load", "backend_compile")
+_CLIENT_COMPILE = "Client::Compile"
+
+
+def _durations(steps_obj) -> np.ndarray:
+    if steps_obj is None:
+        return np.zeros(0)
+    if isinstance(steps_obj, dict):
+        return np.asarray([float(steps_obj[k]) for k in sorted(steps_obj)], float)
+    return np.asarray(steps_obj, float).ravel()
+
+
+def _fmt_s(s: float) -> str:
+    if s >= 1:
+        return f"{s:.3f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3f} ms"
+    return f"{s * 1e6:.1f} us"
+
+
+def _compiles(slices) -> tuple[int, float]:
+    for pick in (
+        lambda s: s.name in _COMPILE_SLICES,
+        lambda s: s.name.endswith(_CLIENT_COMPILE),
+        lambda s: getattr(s, "track", "") == "compile",
+    ):
+        hit = [s for s in slices if pick(s)]
+        if hit:
+            return len(hit), float(sum(s.dur_s for s in hit))
+    return 0, 0.0
+
+
+def cmd_trace(args) -> int:
+    path = Path(args.file)
+    if not path.exists():
+        raise UsageError(f"[jaxlog] trace {args.file} does not exist")
+    from ._trace import load_trace
+
+    try:
+        trace = load_trace(path)
+    except JaxlogError:
+        raise
+    except Exception as exc:
+        raise UsageError(f"[jaxlog] cannot read trace {args.file}: {type(exc).__name__}: {exc}") from exc
+    steps = trace.steps()
+    durs = _durations(steps)
+    span = f" (steps {min(steps)}..{max(steps)})" if isinstance(steps, dict) and steps else ""
+    slices = list(trace.slices())
+    print(f"{args.file}")
+    if len(durs):
+        print(f"  steps: {len(durs)}{span}   median {_fmt_s(float(np.median(durs)))}   "
+              f"p90 {_fmt_s(float(np.percentile(durs, 90)))}   min {_fmt_s(float(durs.min()))}   "
+              f"max {_fmt_s(float(durs.max()))}   total {_fmt_s(float(durs.sum()))}")
+    else:
+        print("  steps: 0 (no jaxlog_step annotations in this trace)")
+    n_compiles, compile_s = _compiles(slices)
+    print(f"  compilations: {n_compiles}" + (f" ({_fmt_s(compile_s)})" if n_compiles else ""))
+    totals: dict[str, list[float]] = {}
+    for s in slices:
+        if s.name.startswith("$"):  # Python-tracer frames: nested, numerous, not what a step costs
+            continue
+        t = totals.setdefault(s.name, [0.0, 0])
+        t[0] += s.dur_s
+        t[1] += 1
+    if totals:
+        top = sorted(totals.items(), key=lambda kv: -kv[1][0])[: args.top]
+        print(f"  top slices by total time ({len(slices)} slices):")
+        w = min(max(len(name) for name, _ in top), 60)
+        for name, (total, count) in top:
+            print(f"    {name[:60]:<{w}}  {int(count):>7}x  {_fmt_s(total):>11}  (mean {_fmt_s(total / count)})")
+    return 0
+
+
+# plot -----------------------------------------------------------------------
+
+
+def cmd_plot(args) -> int:
+    traj = _load(args.file)
+    from ._golden import select_records
+
+    if args.records:
+        paths = select_records(args.records, traj)
+    else:
+        paths = tuple(p for p in traj.records if int(np.prod(_leaf_info(traj, p)["shape"], dtype=np.int64)) == 1)
+        if not paths:
+            raise UsageError(f"[jaxlog] {args.file} has no scalar records; name the records to plot")
+    try:
+        import matplotlib
+    except ImportError:
+        raise UsageError("[jaxlog] plot needs matplotlib, which is not installed: pip install 'pytest-jaxlog[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(paths), 1, figsize=(8, 2.4 * len(paths) + 0.6), sharex=True, squeeze=False)
+    xlabel = "step"
+    for ax, path in zip(axes[:, 0], paths):
+        y = np.asarray(traj[path])
+        if y.dtype.kind == "V" or y.dtype.name == "bfloat16":
+            y = y.astype(np.float32)
+        if y.dtype.kind == "c":
+            y = np.abs(y)
+        x = np.asarray(traj.steps(path))
+        if args.time:
+            t = traj.time(path)
+            if t is None:
+                raise UsageError(f"[jaxlog] record {path!r} has no time (the run had no dt); plot against step")
+            x, xlabel = np.asarray(t), "time"
+        flat = y.reshape(len(y), -1).astype(np.float64)
+        if flat.shape[1] <= 8:
+            for j in range(flat.shape[1]):
+                ax.plot(x, flat[:, j], lw=1, label=None if flat.shape[1] == 1 else str(np.unravel_index(j, y.shape[1:])))
+            if flat.shape[1] > 1:
+                ax.legend(fontsize="x-small", ncol=4)
+        else:
+            with np.errstate(invalid="ignore"):
+                ax.fill_between(x, np.nanmin(flat, 1), np.nanmax(flat, 1), alpha=0.3, label="min..max")
+                ax.plot(x, np.nanmean(flat, 1), lw=1, label="mean")
+            ax.legend(fontsize="x-small")
+        ax.set_ylabel(path, fontsize="small")
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel(xlabel)
+    status = getattr(traj, "status", None)
+    fig.suptitle(f"{Path(args.file).name}" + (f" ({status})" if status else ""), fontsize="medium")
+    fig.tight_layout()
+    out = Path(args.output)
+    if out.parent and not out.parent.exists():
+        raise UsageError(f"[jaxlog] output directory {out.parent} does not exist")
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    print(f"wrote {out} ({len(paths)} record{'s' if len(paths) != 1 else ''})")
+    return 0

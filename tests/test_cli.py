@@ -1,0 +1,168 @@
+"""``python -m pytest_jaxlog`` (info, diff, trace, plot) as real subprocesses: exit codes and output."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pytest_jaxlog as jl
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+
+
+def cli(*args, cwd=None, pre: str | None = None):
+    """Run the CLI in a fresh interpreter; ``pre`` runs first (e.g. to make an import unavailable)."""
+    if pre is None:
+        cmd = [sys.executable, "-m", "pytest_jaxlog", *map(str, args)]
+    else:
+        cmd = [sys.executable, "-c", f"{pre}\nimport sys\nfrom pytest_jaxlog.__main__ import main\nsys.exit(main())",
+               *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=ENV, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """Real trajectories from jl.run + HDF5Writer (one changed at step 7) and a real .pftrace."""
+    from kernels.oscillators import make_oscillators
+
+    import jax
+    import jax.numpy as jnp
+
+    d = tmp_path_factory.mktemp("cli")
+    step, state, energy = make_oscillators(n=6)
+
+    def make(kick_at):  # the work of step 6 kicks one velocity: state 7 onwards differs
+        def kicked(s):
+            s = step(s)
+            return s._replace(v=s.v.at[2].add(1e-3))
+
+        return lambda ks: (ks[0] + 1, jax.lax.cond(ks[0] == kick_at, kicked, step, ks[1]))
+
+    record = {"energy": lambda ks: energy(ks[1]), "x": jl.Record(lambda ks: ks[1].x, every=5)}
+    for name, kick_at in (("a", -1), ("same", -1), ("b", 6)):
+        jl.run(make(kick_at), (jnp.int32(0), state), 40, record=record, dt=0.01, sinks=[jl.HDF5Writer(d / f"{name}.h5")])
+    jl.run(make(6), (jnp.int32(0), state), 40, record=record, sinks=[jl.HDF5Writer(d / "violated.h5")],
+           invariants=[jl.invariant("energy_below_6.5", lambda v: v < 6.5, "energy")], on_violation="record")
+    (d / "junk.h5").write_text("not hdf5")
+
+    from pytest_jaxlog._perfetto import Timeline
+
+    tl = Timeline()
+    t = 1_000_000
+    for k, dur_us in enumerate([900, 100, 110, 120, 130, 140, 150, 160, 170, 400]):
+        tl.slice("window steps", "jaxlog_step", t, t + dur_us * 1000, {"step_num": k})
+        t += dur_us * 1000 + 10_000
+    tl.slice("compile", "compile step", 0, 800_000)
+    tl.slice("compile", "compile step", t, t + 300_000)
+    tl.write(d / "run.pftrace")
+    # the shape of JAX's own Chrome-JSON trace: XLA compiles are backend_compile_and_load slices
+    events = [{"ph": "X", "pid": 1, "tid": 2, "name": "jaxlog_step", "ts": 100 * k, "dur": 50 + k,
+               "args": {"step_num": str(k)}} for k in range(4)]
+    events += [{"ph": "X", "pid": 1, "tid": 2, "name": "backend_compile_and_load", "ts": 0, "dur": 1000},
+               {"ph": "X", "pid": 1, "tid": 2, "name": "$pxla.py:1209 compile", "ts": 0, "dur": 1500}]
+    with gzip.open(d / "perfetto_trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    return d
+
+
+def test_help():
+    top = cli("--help")
+    assert top.returncode == 0 and all(c in top.stdout for c in ("info", "diff", "trace", "plot"))
+    for cmd, words in {"info": "provenance", "diff": "--rtol", "trace": "p90", "plot": "matplotlib"}.items():
+        r = cli(cmd, "--help")
+        assert r.returncode == 0 and words in r.stdout, (cmd, r.stdout)
+    # the console script (pyproject [project.scripts] jaxlog)
+    script = Path(sys.executable).with_name("jaxlog")
+    if script.exists():
+        r = subprocess.run([str(script), "diff", "--help"], capture_output=True, text=True, env=ENV, timeout=120)
+        assert r.returncode == 0 and "--atol" in r.stdout
+
+
+def test_info(files):
+    r = cli("info", files / "a.h5")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "status: complete   steps done: 40" in out and "violation: none" in out
+    assert "energy  float32   ()             41 frames, steps 0..40 every 1" in out
+    assert "x       float32   (6,)           9 frames, steps 0..40 every 5" in out
+    assert "backend: cpu" in out and "x64: False" in out
+    r = cli("info", files / "violated.h5")
+    assert r.returncode == 0, r.stderr
+    assert "status: violated   steps done: 0" in r.stdout
+    assert "violation: [jaxlog] invariant energy_below_6.5 violated at step 0" in r.stdout
+    r = cli("info", "--json", files / "a.h5")
+    doc = json.loads(r.stdout)
+    assert [x["path"] for x in doc["records"]] == ["energy", "x"] and doc["records"][1]["frames"] == 9
+
+
+def test_diff(files):
+    same = cli("diff", files / "a.h5", files / "same.h5")
+    assert same.returncode == 0 and same.stdout.startswith("[jaxlog] trajectories match (2 records, 95 elements")
+    r = cli("diff", files / "b.h5", files / "a.h5", "--rtol", "1e-6")
+    assert r.returncode == 1, r.stderr
+    assert r.stdout.startswith("[jaxlog] trajectories differ: record 'energy' first differs at step 7: obtained ")
+    assert "record 'x' first differs at step 10, index (2,)" in r.stdout
+    assert "of 41 elements differ" in r.stdout
+    # restricted to records/steps where they agree
+    assert cli("diff", files / "b.h5", files / "a.h5", "--steps", ":7").returncode == 0
+    assert cli("diff", files / "b.h5", files / "a.h5", "--atol", "1", "--records", "energy").returncode == 0
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("info", "nope.h5"), "[jaxlog] trajectory nope.h5 does not exist"),
+        (("info", "junk.h5"), "junk.h5 is not a pytest-jaxlog trajectory"),
+        (("diff", "a.h5", "same.h5", "--records", "energy", "nope"), "[jaxlog] record 'nope' is not recorded; recorded: energy, x"),
+        (("diff", "a.h5", "missing.h5"), "[jaxlog] trajectory missing.h5 does not exist"),
+        (("plot", "a.h5", "vel", "-o", "out.png"), "[jaxlog] record 'vel' is not recorded"),
+        (("trace", "a.h5"), "is neither Chrome JSON nor a Perfetto protobuf trace"),
+        (("trace", "none.pftrace"), "[jaxlog] trace none.pftrace does not exist"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(files, args, message):
+    r = cli(*args, cwd=files)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert r.stderr.startswith("[jaxlog] ") and message in r.stderr
+
+
+def test_trace(files):
+    r = cli("trace", files / "run.pftrace")
+    assert r.returncode == 0, r.stderr
+    assert "steps: 10 (steps 0..9)   median 145.0 us   p90 450.0 us" in r.stdout
+    assert "compilations: 2 (1.100 ms)" in r.stdout
+    assert "jaxlog_step" in r.stdout and "compile step" in r.stdout
+    r = cli("trace", files / "perfetto_trace.json.gz")
+    assert r.returncode == 0, r.stderr
+    assert "steps: 4 (steps 0..3)" in r.stdout and "compilations: 1 (1.000 ms)" in r.stdout
+    assert "$pxla" not in r.stdout  # Python-tracer frames are not "top slices"
+
+
+def test_plot(files, tmp_path):
+    out = tmp_path / "plot.png"
+    r = cli("plot", files / "a.h5", "-o", out)
+    assert r.returncode == 0, r.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "wrote" in r.stdout and "(1 record)" in r.stdout
+    out2 = tmp_path / "two.png"
+    r = cli("plot", files / "b.h5", "energy", "x", "--time", "-o", out2)
+    assert r.returncode == 0, r.stderr
+    assert out2.read_bytes()[:4] == b"\x89PNG" and "(2 records)" in r.stdout
+
+
+def test_plot_without_matplotlib(files, tmp_path):
+    # a real absence: the import system refuses matplotlib in this interpreter
+    r = cli("plot", files / "a.h5", "-o", tmp_path / "p.png", pre="import sys; sys.modules['matplotlib'] = None")
+    assert r.returncode == 2
+    assert r.stderr.strip() == (
+        "[jaxlog] plot needs matplotlib, which is not installed: pip install 'pytest-jaxlog[plot]'"
+    )
+    assert not (tmp_path / "p.png").exists()

@@ -1,0 +1,269 @@
+"""assert_trajectory_close / diff_trajectories / check_golden on real (in-memory and HDF5) trajectories."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pytest_jaxlog as jl
+from pytest_jaxlog._frames import Frames, LeafSpec, Schema
+from pytest_jaxlog._golden import check_golden, diff_trajectories, golden_name
+from pytest_jaxlog._sinks import MemorySink
+
+PROV = {"backend": "cpu", "x64": False, "device_kind": "cpu", "jax": "test"}
+
+
+def make_traj(records: dict, *, provenance=None, status="complete", batched=False, dt=None):
+    """A real Trajectory from a MemorySink fed ``{path: (steps, values)}`` (values stacked on axis 0)."""
+    leaves, frames = [], Frames()
+    for path, (steps, values) in records.items():
+        steps = np.asarray(steps, np.int64)
+        values = np.asarray(values)
+        leaves.append(LeafSpec(path, path.split("/")[0], values.shape[1:], values.dtype, jl.at(*steps.tolist())))
+        frames.add(path, steps, values)
+    sink = MemorySink()
+    schema = Schema(tuple(leaves), batched=batched, dt=dt)
+    last = max(int(s[-1]) for s, _ in records.values())
+    sink.open(schema, {"provenance": dict(provenance or PROV), "run": {"steps": last, "chunk": 1, "dt": dt, "driver": "run"}})
+    sink.write(frames)
+    sink.close(status, steps_done=last)
+    return jl.Trajectory.from_sink(sink)
+
+
+STEPS = np.arange(0, 2001)
+RNG = np.random.default_rng(0)
+ENERGY = -280.0 + 0.01 * RNG.standard_normal(len(STEPS))
+POS = RNG.standard_normal((len(STEPS[::10]), 8, 3)).astype(np.float32)
+
+
+def reference(**changes):
+    recs = {"energy": (STEPS, ENERGY.copy()), "state/positions": (STEPS[::10], POS.copy())}
+    recs.update(changes)
+    return make_traj({k: v for k, v in recs.items() if v is not None})
+
+
+def test_equal_and_within_tolerance():
+    jl.assert_trajectory_close(reference(), reference())
+    d = diff_trajectories(reference(), reference())
+    assert d.ok and not d and d.n_elements == len(STEPS) + POS.size
+    assert "trajectories match" in d.report()
+    e = ENERGY * (1 + 1e-9)
+    jl.assert_trajectory_close(reference(energy=(STEPS, e)), reference(), rtol=1e-7)
+    jl.assert_trajectory_close(reference(energy=(STEPS, ENERGY + 1e-3)), reference(), rtol=0, atol=2e-3)
+
+
+def test_outside_tolerance_names_first_step_index_and_stats():
+    pos = POS.copy()
+    pos[150:, 3, 1] += 0.5  # step 1500 onwards
+    e = ENERGY.copy()
+    e[1834] = -251.3
+    with pytest.raises(AssertionError) as info:
+        jl.assert_trajectory_close(reference(energy=(STEPS, e), **{"state/positions": (STEPS[::10], pos)}), reference())
+    msg = str(info.value)
+    lines = msg.splitlines()
+    assert lines[0].startswith("[jaxlog] trajectories differ: record 'state/positions' first differs at step 1500, index (3, 1):")
+    assert f"obtained {pos[150, 3, 1]!s}, expected {POS[150, 3, 1]!s}" in lines[0]
+    assert "max abs error 0.5, max rel error" in lines[1] and f"{len(pos) - 150} of {POS.size} elements differ" in lines[1]
+    (other,) = [ln for ln in lines if "'energy'" in ln]
+    assert f"first differs at step 1834: obtained -251.3, expected {ENERGY[1834]}" in other
+    assert "1 of 2001 elements differ" in other
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    frame=st.integers(0, len(POS) - 1),
+    atom=st.integers(0, 7),
+    axis=st.integers(0, 2),
+    rel=st.one_of(st.floats(0, 0.4), st.floats(2.0, 1e6)),
+    sign=st.sampled_from([-1.0, 1.0]),
+)
+def test_random_perturbation_detected_iff_outside_rtol(frame, atom, axis, rel, sign):
+    rtol = 1e-3
+    values = POS.astype(np.float64)
+    expected = make_traj({"x": (STEPS[::10], values)})
+    pert = values.copy()
+    pert[frame, atom, axis] += sign * rel * rtol * abs(values[frame, atom, axis])
+    d = diff_trajectories(make_traj({"x": (STEPS[::10], pert)}), expected, rtol=rtol)
+    if rel <= 0.4 or pert[frame, atom, axis] == values[frame, atom, axis]:
+        assert d.ok
+    else:
+        (rd,) = d.differences
+        assert (rd.step, rd.index, rd.n_diff) == (10 * frame, (atom, axis), 1)
+        assert rd.obtained == pert[frame, atom, axis] and rd.expected == values[frame, atom, axis]
+        assert rd.max_rel == pytest.approx(rel * rtol, rel=1e-6)
+
+
+def test_nan_policy():
+    e = ENERGY.copy()
+    e[[7, 900]] = np.nan
+    jl.assert_trajectory_close(reference(energy=(STEPS, e)), reference(energy=(STEPS, e.copy())))
+    with pytest.raises(AssertionError, match="first differs at step 7: obtained nan, expected nan"):
+        jl.assert_trajectory_close(reference(energy=(STEPS, e)), reference(energy=(STEPS, e.copy())), equal_nan=False)
+    # NaN against a number is a difference, in either direction
+    with pytest.raises(AssertionError) as info:
+        jl.assert_trajectory_close(reference(energy=(STEPS, e)), reference())
+    assert "record 'energy' first differs at step 7: obtained nan" in str(info.value)
+    assert "2 of 2001 elements differ, 2 of them NaN vs number" in str(info.value)
+    with pytest.raises(AssertionError, match=r"step 7: obtained -2\d\d\.\d+, expected nan"):
+        jl.assert_trajectory_close(reference(), reference(energy=(STEPS, e)), rtol=1.0)
+    # same infinities match; opposite ones do not
+    e2 = ENERGY.copy()
+    e2[3] = np.inf
+    jl.assert_trajectory_close(reference(energy=(STEPS, e2)), reference(energy=(STEPS, e2.copy())))
+    e3 = e2.copy()
+    e3[3] = -np.inf
+    with pytest.raises(AssertionError, match="step 3: obtained -inf, expected inf"):
+        jl.assert_trajectory_close(reference(energy=(STEPS, e3)), reference(energy=(STEPS, e2)))
+    with pytest.raises(AssertionError, match="step 3: obtained -2.*, expected inf"):  # rtol*|inf| is no free pass
+        jl.assert_trajectory_close(reference(), reference(energy=(STEPS, e2)), rtol=0.5)
+
+
+def test_missing_and_extra_records():
+    with pytest.raises(AssertionError) as info:
+        jl.assert_trajectory_close(reference(**{"state/positions": None, "aux/ke": (STEPS[1:], ENERGY[1:])}), reference())
+    msg = str(info.value)
+    assert "record 'state/positions': missing from the obtained trajectory" in msg
+    assert "record 'aux/ke': not in the expected trajectory (extra record)" in msg
+
+
+def test_step_mismatch_and_steps_filter():
+    short = reference(energy=(STEPS[:1001], ENERGY[:1001]), **{"state/positions": (STEPS[:1001:10], POS[:101])})
+    with pytest.raises(AssertionError) as info:
+        jl.assert_trajectory_close(short, reference())
+    first = str(info.value).splitlines()[0]
+    assert "steps differ: obtained 1001 frames, steps 0..1000, expected 2001 frames, steps 0..2000" in first
+    assert "1000 expected steps missing (first 1001)" in first
+    # restricted to the steps both have, they agree (slice, range, list, schedule)
+    for sel in (slice(0, 1001), range(0, 1001), [0, 10, 500, 1000], jl.window(0, 1000, 100)):
+        jl.assert_trajectory_close(short, reference(), steps=sel)
+    # a shifted schedule is a difference even with the same frame count
+    shifted = reference(energy=(STEPS + 1, ENERGY))
+    d = diff_trajectories(shifted, reference(), records="energy")
+    assert d.differences[0].kind == "steps" and d.differences[0].step == 0 and "steps differ" in d.report()
+
+
+def test_steps_filter_hides_late_divergence_only():
+    e = ENERGY.copy()
+    e[1500:] += 1.0
+    actual = reference(energy=(STEPS, e))
+    jl.assert_trajectory_close(actual, reference(), steps=slice(None, 1500))
+    jl.assert_trajectory_close(actual, reference(), steps=slice(0, 1500, 7))
+    with pytest.raises(AssertionError, match="first differs at step 1500"):
+        jl.assert_trajectory_close(actual, reference(), steps=slice(1000, None))
+    with pytest.raises(AssertionError, match="first differs at step 1504"):
+        jl.assert_trajectory_close(actual, reference(), steps=slice(1000, None, 7))
+
+
+def test_dtype_and_shape_mismatch():
+    with pytest.raises(AssertionError, match=r"record 'state/positions': dtype differs: obtained float64, expected float32"):
+        jl.assert_trajectory_close(reference(**{"state/positions": (STEPS[::10], POS.astype(np.float64))}), reference())
+    with pytest.raises(AssertionError, match=re.escape("shape differs: obtained (8, 2), expected (8, 3) per frame")):
+        jl.assert_trajectory_close(reference(**{"state/positions": (STEPS[::10], POS[..., :2])}), reference())
+
+
+def test_records_filter_and_unknown_record():
+    pos = POS + 1
+    actual = reference(**{"state/positions": (STEPS[::10], pos)})
+    jl.assert_trajectory_close(actual, reference(), records=["energy"])
+    with pytest.raises(AssertionError, match="'state/positions'"):
+        jl.assert_trajectory_close(actual, reference(), records=["state"])  # a prefix selects its leaves
+    with pytest.raises(jl.JaxlogError, match=r"record 'nope' is not recorded; recorded: energy, state/positions"):
+        jl.assert_trajectory_close(actual, reference(), records=["nope"])
+
+
+def test_exact_dtypes_and_batched_system_index():
+    counts = np.arange(len(STEPS), dtype=np.int64)[:, None] * np.ones((1, 4), np.int64)
+    bumped = counts.copy()
+    bumped[42, 2] += 1
+    a = make_traj({"n": (STEPS, bumped)}, batched=True)
+    e = make_traj({"n": (STEPS, counts)}, batched=True)
+    with pytest.raises(AssertionError, match=r"record 'n' first differs at step 42, index \(2,\): obtained 43, expected 42"):
+        jl.assert_trajectory_close(a, e, rtol=0.5)  # integers compare exactly whatever the tolerance
+    assert diff_trajectories(a, e).differences[0].detail == "values differ (system 2)"
+
+
+def test_paths_and_files(tmp_path):
+    ref = tmp_path / "ref.h5"
+    reference().save(ref)
+    jl.assert_trajectory_close(str(ref), reference())
+    jl.assert_trajectory_close(reference(), ref)
+    e = ENERGY.copy()
+    e[5] += 1
+    with pytest.raises(AssertionError) as info:
+        jl.assert_trajectory_close(reference(energy=(STEPS, e)), ref)
+    assert "first differs at step 5" in str(info.value) and "ref.h5" in str(info.value)
+    with pytest.raises(jl.JaxlogError, match="does not exist"):
+        jl.assert_trajectory_close(reference(), tmp_path / "nope.h5")
+
+
+def test_check_golden_cycle(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    golden = Path("fixtures/golden") / golden_name("examples/test_lj.py::test_nve[64]")
+    assert golden.name == "examples.test_lj.test_nve-64.h5"
+    with pytest.raises(AssertionError) as info:
+        check_golden(reference(), golden, regen=False, rtol=1e-7, atol=0)
+    assert str(info.value) == (
+        "[jaxlog] golden trajectory fixtures/golden/examples.test_lj.test_nve-64.h5 does not exist; "
+        "run pytest with --jaxlog-regen to create fixtures/golden/examples.test_lj.test_nve-64.h5"
+    )
+    assert check_golden(reference(), golden, regen=True, rtol=1e-7, atol=0) == "regenerated"
+    assert golden.exists() and not list(golden.parent.glob(".*tmp*"))
+    assert check_golden(reference(), golden, regen=False, rtol=1e-7, atol=0) == "ok"
+    loaded = jl.load(golden)
+    assert loaded.provenance["backend"] == "cpu" and loaded.status == "complete"
+
+    e = ENERGY.copy()
+    e[1834] = -251.3
+    changed = reference(energy=(STEPS, e))
+    with pytest.raises(AssertionError) as info:
+        check_golden(changed, golden, regen=False, rtol=1e-7, atol=0)
+    msg = str(info.value)
+    assert msg.startswith("[jaxlog] trajectories differ: record 'energy' first differs at step 1834: obtained -251.3")
+    assert msg.splitlines()[-1] == f"run pytest with --jaxlog-regen to regenerate {golden}"
+    assert "note:" not in msg
+    assert check_golden(changed, golden, regen=False, rtol=1e-7, atol=0, records=["state"]) == "ok"
+    # regeneration is unconditional and overwrites
+    assert check_golden(changed, golden, regen=True, rtol=1e-7, atol=0) == "regenerated"
+    assert check_golden(changed, golden, regen=False, rtol=1e-7, atol=0) == "ok"
+
+
+def test_check_golden_names_other_backend_and_x64(tmp_path):
+    golden = tmp_path / "gpu.h5"
+    make_traj({"energy": (STEPS, ENERGY)}, provenance={**PROV, "backend": "gpu", "x64": True}).save(golden)
+    e = ENERGY.copy()
+    e[10] += 1e-3
+    with pytest.raises(AssertionError) as info:
+        check_golden(make_traj({"energy": (STEPS, e)}), golden, regen=False, rtol=1e-7, atol=0)
+    msg = str(info.value)
+    assert "note: the expected trajectory was made on backend 'gpu', this one on 'cpu'" in msg
+    assert "x64=on (jax_enable_x64), this one with x64=off" in msg
+    # the note is for failures only
+    assert check_golden(make_traj({"energy": (STEPS, e)}), golden, regen=False, rtol=1e-3, atol=0) == "ok"
+
+
+def test_golden_name():
+    assert golden_name("tests/test_md.py::TestNVE::test_energy") == "tests.test_md.TestNVE.test_energy.h5"
+    assert golden_name("test_x.py::test_a[cpu-float32]") == "test_x.test_a-cpu-float32.h5"
+    odd = golden_name("t.py::test_x[a/b c]")
+    assert re.fullmatch(r"t\.test_x-a_b_c-[0-9a-f]{8}\.h5", odd)
+    assert odd != golden_name("t.py::test_x[a b/c]")
+    long = golden_name("t.py::test_" + "x" * 300)
+    assert len(long) <= 130 and long.endswith(".h5")
+
+
+def test_accepts_runs():
+    from kernels.oscillators import make_oscillators
+
+    step, state, energy = make_oscillators(n=16)
+    a = jl.run(step, state, 20, record={"energy": energy})
+    b = jl.run(step, state, 20, record={"energy": energy})
+    jl.assert_trajectory_close(a, b)
+    jl.assert_trajectory_close(a, b.trajectory)
+    c = jl.run(step, state, 10, record={"energy": energy})
+    with pytest.raises(AssertionError, match="steps differ"):
+        jl.assert_trajectory_close(c, a)
