@@ -1,0 +1,230 @@
+"""``jl.Recorder``: the Logger protocol for loops written by hand (``with rec: ... rec.log(state, k)``).
+
+Each ``log`` evaluates the scheduled views in one jitted call and keeps the results on the
+device; every ``flush_every`` calls (and at exit) they come to the host in one transfer and go,
+as frames, to the same sinks and invariants ``jl.run`` uses. So the loop is not synced to the
+host every step, and the recorded data is identical in format to ``jl.run``'s.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import jax
+import numpy as np
+
+from ._drive import (SinkSet, bind_invariants, check_on_violation, compile_tracker, first_violation, make_timings,
+                     provenance, Clock)
+from ._errors import JaxlogError, JaxlogRuntimeWarning
+from ._frames import Frames, Schema
+from ._records import AUX, normalize_records
+from ._resolve import resolve_schema
+from ._run import _JIT_NAMES, _traces, _views_jit
+
+__all__ = ["Recorder"]
+
+
+class Recorder:
+    """Records views of the states a hand-written loop passes to ``log(state, step)``.
+
+    Step labels must increase (they may be sparse, or start anywhere, e.g. a resumed run); a
+    record is taken when its schedule contains the label. The schema is resolved on the first
+    ``log`` (sinks open then). On an invariant violation the sinks get the frames up to the
+    violating step and are closed ``violated``; later ``log`` calls are ignored. For post-mortem
+    states, put a ``jl.RingBuffer`` beside the recorder in a ``jl.CompositeLogger``.
+    """
+
+    def __init__(self, record: Any = None, *, sinks: Any = (), invariants: Any = (), flush_every: int = 100,
+                 dt: float | None = None, batched: bool = False, on_violation: str = "raise", timeline: Any = None):
+        if isinstance(flush_every, bool) or not isinstance(flush_every, (int, np.integer)) or flush_every < 1:
+            raise JaxlogError(f"flush_every must be an int >= 1, got {flush_every!r}")
+        self.specs = tuple(normalize_records(record, reserved=(AUX,)))
+        self.sink_arg = sinks
+        self.invariants = invariants
+        self.flush_every = int(flush_every)
+        self.dt = dt
+        self.batched = bool(batched)
+        self.on_violation = check_on_violation(on_violation)
+        self.timeline = timeline
+        self.schema: Schema | None = None
+        self.violation = None
+        self.timings = None
+        self.status = "new"
+        self._sinks: SinkSet | None = None
+        self._checkers: list = []
+        self._buf: list[tuple[int, tuple[int, ...], Any]] = []
+        self._calls = 0
+        self._first: int | None = None
+        self._last: int | None = None
+        self._active = False
+        self._halted = False
+        self._expect: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+        self._trajectory = None
+
+    # --- Logger protocol --------------------------------------------------------------------
+    def __enter__(self) -> "Recorder":
+        if self.status != "new":
+            raise JaxlogError("a Recorder records one run; make a new one for the next `with` block")
+        self._sinks = SinkSet(self.sink_arg)
+        self._sinks.set_timeline(self.timeline)
+        self._clock = Clock()
+        self._traces0 = _traces[0]
+        self._tracker = compile_tracker(*_JIT_NAMES)
+        if self._tracker is not None:
+            self._tracker.__enter__()
+        self._active = True
+        self.status = "running"
+        return self
+
+    def log(self, state: Any, step: int) -> None:
+        if not self._active:
+            raise JaxlogError("Recorder.log() called outside `with recorder:` (enter it first; it opens the sinks)")
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise JaxlogError(f"Recorder.log(state, step): step must be an int >= 0, got {step!r}")
+        step = int(step)
+        if self._last is not None and step <= self._last:
+            what = "repeats" if step == self._last else "goes backwards"
+            raise JaxlogError(f"Recorder.log: step {step} {what} (previous step {self._last}); labels must increase")
+        if self._halted:
+            self._last = step
+            return
+        if self.schema is None:
+            self._start(state)
+        self._last = step
+        if self._first is None:
+            self._first = step
+        idx = tuple(i for i, spec in enumerate(self.specs) if step in spec.schedule)
+        if idx:
+            values = _views_jit(self.specs, idx, state)
+            for p, v in values.items():
+                shape, dtype = self._expect[p]
+                if tuple(v.shape) != shape or np.dtype(v.dtype) != dtype:
+                    raise JaxlogError(f"record {p!r} at step {step}: got {v.dtype}{list(v.shape)}, the schema says "
+                                      f"{dtype}{list(shape)} (views must keep their shape and dtype)")
+            self._buf.append((step, idx, values))
+        self._calls += 1
+        if self._calls % self.flush_every == 0:
+            self._flush()
+
+    def __exit__(self, exc_type, exc, tb):
+        if not self._active:
+            return False
+        self._active = False
+        try:
+            if exc_type is None:
+                if self.schema is None:
+                    self._open(Schema((), batched=self.batched, dt=self.dt))
+                if not self._halted:
+                    self._flush()
+                if not self._sinks.closed:
+                    self._sinks.close("complete", steps_done=self._last or 0)
+                    self.status = "complete"
+            else:
+                if self.schema is not None and not self._halted:
+                    try:
+                        self._flush(check=False)
+                    except BaseException:
+                        pass
+                if self.schema is None:
+                    try:
+                        self._open(Schema((), batched=self.batched, dt=self.dt))
+                    except BaseException:
+                        pass
+                status = "stopped" if issubclass(exc_type, KeyboardInterrupt) else "failed"
+                if not self._sinks.closed:
+                    self._sinks.close(status, steps_done=self._last or 0, raise_errors=False)
+                    self.status = status
+        finally:
+            if self._tracker is not None:
+                self._tracker.__exit__(None, None, None)
+            steps = 0 if self._first is None else self._last - self._first
+            self.timings = make_timings(self._clock.elapsed(), steps, self._tracker, _traces[0] - self._traces0)
+        if exc_type is None and self.violation is not None and self.on_violation == "raise" and self._raise_at_exit:
+            raise self.violation
+        return False
+
+    # --- results ----------------------------------------------------------------------------
+    @property
+    def trajectory(self) -> Any:
+        if self._sinks is None:
+            raise JaxlogError("Recorder has not run yet")
+        if self._trajectory is None:
+            self._trajectory = self._sinks.trajectory()
+        return self._trajectory
+
+    @property
+    def artifacts(self) -> dict:
+        return {} if self._sinks is None else self._sinks.artifacts
+
+    @property
+    def steps_done(self) -> int:
+        return 0 if self._last is None else self._last
+
+    # --- internals --------------------------------------------------------------------------
+    _raise_at_exit = False
+
+    def _start(self, state: Any) -> None:
+        schema = resolve_schema(self.specs, state, batched=self.batched, dt=self.dt)
+        self._checkers = bind_invariants(self.invariants, schema)
+        self._open(schema)
+        self._expect = {leaf.path: (tuple(leaf.shape), np.dtype(leaf.dtype)) for leaf in schema.leaves}
+
+    def _open(self, schema: Schema) -> None:
+        self.schema = schema
+        meta = {"provenance": provenance(),
+                "run": {"driver": "recorder", "steps": None, "chunk": self.flush_every, "dt": self.dt,
+                        "batched": self.batched, "flush_every": self.flush_every,
+                        "invariants": [getattr(i, "name", repr(i)) for i in (self.invariants or ())]}}
+        self._sinks.open(schema, meta)
+
+    def _frames(self) -> Frames:
+        buf, self._buf = self._buf, []
+        host = jax.device_get([v for _, _, v in buf])  # one transfer per flush
+        steps: dict[str, list[int]] = {}
+        values: dict[str, list[np.ndarray]] = {}
+        for (step, _, _), vals in zip(buf, host):
+            for p, v in vals.items():
+                steps.setdefault(p, []).append(step)
+                values.setdefault(p, []).append(np.asarray(v))
+        frames = Frames()
+        for leaf in self.schema.leaves:
+            if leaf.path in steps:
+                frames.add(leaf.path, np.asarray(steps[leaf.path], np.int64), np.stack(values[leaf.path]))
+        return frames
+
+    def _flush(self, check: bool = True) -> None:
+        if not self._buf:
+            return
+        t0 = _now()
+        frames = self._frames()
+        try:
+            v = first_violation(self._checkers, frames) if (check and self._checkers) else None
+            self._sinks.write(frames.until(v.step) if v is not None else frames)
+        except BaseException:
+            self._sinks.close("failed", steps_done=self._last or 0, raise_errors=False)
+            self.status = "failed"
+            raise
+        if self.timeline is not None:
+            self.timeline.slice("host", f"flush {len(frames)} records", t0, _now())
+        if v is not None:
+            self._violated(v)
+
+    def _violated(self, v: Any) -> None:
+        self._halted = True
+        self.status = "violated"
+        self._sinks.close("violated", steps_done=v.step, violation=v.to_json())
+        v = v.with_artifacts(self._sinks.artifacts) or v
+        self.violation = v
+        if self.on_violation == "raise":
+            if self._active:
+                raise v
+            self._raise_at_exit = True
+        elif self.on_violation == "warn":
+            warnings.warn(JaxlogRuntimeWarning(str(v)), stacklevel=3)
+
+
+def _now() -> int:
+    import time
+
+    return time.perf_counter_ns()

@@ -1,0 +1,543 @@
+"""``jl.run``: the fast driver. Chunks of steps run on the device in ``lax.scan``; records come out
+as scan outputs and reach the host while the next chunk runs. No host callbacks in the step.
+
+How a chunk of ``L`` work steps ``k0 .. k0+L-1`` (recording steps ``k0+1 .. k0+L``) is compiled:
+
+- records scheduled every step (and the step's aux output) are stacked scan outputs;
+- sparser records go into a fixed-size slot buffer carried through the scan: the host computes,
+  per step, which slot the value goes to (or a trash slot), from the pure schedule. Buffer size
+  ``schedule.max_in_span(L)``, so only scheduled steps are transferred;
+- the step's key is ``fold_in(key, k)``: nothing depends on where chunk boundaries fall, so the
+  trajectory and final state are bit-identical for any chunk size and a run resumes exactly.
+
+Chunk ``i+1`` is dispatched before chunk ``i``'s outputs are pulled (JAX dispatch is async), so
+host work (frames, invariants, sinks) overlaps device work.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import warnings
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ._drive import (SinkSet, bind_invariants, check_on_violation, compile_tracker, first_violation, make_timings,
+                     provenance, Clock)
+from ._errors import JaxlogError, JaxlogRuntimeWarning
+from ._frames import Frames, Schema
+from ._records import AUX, RecordSpec, normalize_records
+from ._resolve import flatten_view, resolve_schema, state_paths
+
+__all__ = ["run", "Run", "auto_chunk"]
+
+DEFAULT_BUDGET = 64 * 2**20
+CHUNK_CAP = 10_000
+_JIT_NAMES = ("_chunk_impl", "_views_impl", "_single_impl")
+_traces = [0]  # how many times the driver's jitted functions were traced (a compile counter)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Everything static about a chunk function: equal plans share one compiled executable."""
+
+    step: Callable
+    specs: tuple[RecordSpec, ...]
+    dense: tuple[int, ...]  # spec indices recorded every step (scan outputs)
+    sparse: tuple[tuple[int, int], ...]  # (spec index, slots per chunk)
+    has_aux: bool
+    keyed: bool
+    length: int
+
+
+def _apply(step, has_aux, keyed, key, k, state):
+    out = step(jax.random.fold_in(key, k), state) if keyed else step(state)
+    if has_aux:
+        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+            raise JaxlogError("has_aux=True: the step function must return (state, aux)")
+        return out[0], out[1]
+    return out, None
+
+
+def _views(specs, state, idx):
+    out = {}
+    for i in idx:
+        out.update(flatten_view(specs[i].name, specs[i].view(state)))
+    return out
+
+
+def _chunk_impl(plan: _Plan, state, key, k0, slots):
+    _traces[0] += 1
+    bufs = []
+    for i, m in plan.sparse:
+        shapes = jax.eval_shape(lambda s: _views(plan.specs, s, (i,)), state)
+        bufs.append({p: jnp.zeros((m + 1, *sd.shape), sd.dtype) for p, sd in shapes.items()})
+
+    def body(carry, xs):
+        st, bufs = carry
+        j, slot = xs
+        st, aux = _apply(plan.step, plan.has_aux, plan.keyed, key, k0 + j, st)
+        ys = _views(plan.specs, st, plan.dense)
+        if plan.has_aux:
+            ys.update(flatten_view(AUX, aux))
+        new = []
+        for (i, _), buf, s in zip(plan.sparse, bufs, slot):
+            vals = _views(plan.specs, st, (i,))
+            new.append({p: lax.dynamic_update_index_in_dim(buf[p], jnp.asarray(vals[p], buf[p].dtype), s, 0)
+                        for p in buf})
+        return (st, tuple(new)), ys
+
+    xs = (jnp.arange(plan.length, dtype=jnp.int32), tuple(slots))
+    (state, bufs), ys = lax.scan(body, (state, tuple(bufs)), xs)
+    return state, ys, tuple({p: b[:m] for p, b in buf.items()} for (_, m), buf in zip(plan.sparse, bufs))
+
+
+def _views_impl(specs, idx, state):
+    _traces[0] += 1
+    return _views(specs, state, idx)
+
+
+def _single_impl(step, has_aux, keyed, state, key, k):
+    _traces[0] += 1
+    return _apply(step, has_aux, keyed, key, k, state)[0]
+
+
+_chunk = jax.jit(_chunk_impl, static_argnums=0)
+_chunk_donate = jax.jit(_chunk_impl, static_argnums=0, donate_argnums=1)
+_views_jit = jax.jit(_views_impl, static_argnums=(0, 1))
+_single = jax.jit(_single_impl, static_argnums=(0, 1, 2))
+
+
+@dataclass
+class Run:
+    """What ``jl.run`` returns: the state at ``steps_done``, the trajectory, timings, violation."""
+
+    state: Any
+    steps_done: int
+    timings: Any
+    violation: Any = None
+    artifacts: dict = field(default_factory=dict)
+    schema: Schema | None = None
+    chunk: int | None = None
+    status: str = "complete"
+    _sinks: Any = field(default=None, repr=False)
+    _trajectory: Any = field(default=None, repr=False)
+
+    @property
+    def trajectory(self) -> Any:
+        """The recorded trajectory: loaded from the file sink if any, else in memory."""
+        if self._trajectory is None:
+            self._trajectory = self._sinks.trajectory()
+        return self._trajectory
+
+
+def auto_chunk(schema: Schema, steps: int, budget_bytes: int = DEFAULT_BUDGET, cap: int = CHUNK_CAP) -> int:
+    """The chunk size ``chunk=None`` picks.
+
+    ``min(steps, cap, budget_bytes // bytes_per_step)``, at least 1, where ``bytes_per_step`` is
+    the recorded data one step adds (every-step leaves in full, sparser ones by their density).
+    The budget bounds device and host memory per chunk whatever the run length; the cap (10,000
+    steps) keeps the first frames and invariant checks coming while the run goes on; for long
+    runs it gives a few hundred dispatches per million steps, which costs ~nothing.
+    """
+    per_step = 0.0
+    for leaf in schema.leaves:
+        nbytes = int(np.prod(leaf.shape, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
+        density = leaf.schedule.max_in_span(cap) / cap
+        per_step += nbytes * density
+    limit = cap if per_step <= 0 else int(budget_bytes // per_step)
+    return int(max(1, min(steps, cap, limit)))
+
+
+def _segments(start: int, end: int, chunk: int, windows) -> list[tuple[int, int, Any]]:
+    """(k0, length, window or None) covering work steps start..end-1; window steps one by one."""
+    out = []
+    k = start
+    for w in windows:
+        lo, hi = max(w.start, start), min(w.stop, end - 1)
+        if hi < lo:
+            continue
+        while k < lo:
+            n = min(chunk, lo - k)
+            out.append((k, n, None))
+            k += n
+        for j in range(lo, hi + 1):
+            out.append((j, 1, w))
+        k = hi + 1
+    while k < end:
+        n = min(chunk, end - k)
+        out.append((k, n, None))
+        k += n
+    return out
+
+
+def _slots(schedule, k0: int, length: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+    steps = schedule.steps_between(k0 + 1, k0 + length)
+    slot = np.full(length, m, dtype=np.int32)
+    slot[steps - k0 - 1] = np.arange(len(steps), dtype=np.int32)
+    return steps, slot
+
+
+def _copy_tree(tree):
+    return jax.tree_util.tree_map(lambda x: x.copy() if isinstance(x, jax.Array) else jnp.array(x, copy=True), tree)
+
+
+def _host(tree):
+    return jax.tree_util.tree_map(np.asarray, tree)
+
+
+def _start_copy(tree):
+    for leaf in jax.tree_util.tree_leaves(tree):
+        try:
+            leaf.copy_to_host_async()
+        except Exception:
+            pass
+
+
+def run(step: Callable, state: Any, steps: int, *, record: Any = None, invariants: Any = (), sinks: Any = (),
+        key: Any = None, dt: float | None = None, chunk: int | None = None, profile: Any = None, has_aux: bool = False,
+        batched: bool = False, on_violation: str = "raise", postmortem: int = 3, progress: Any = None,
+        chunk_budget_bytes: int = DEFAULT_BUDGET, timeline: Any = None, donate: bool = True,
+        start_step: int = 0) -> Run:
+    """Run ``steps`` applications of ``step`` on ``state`` on the device, recording as scheduled.
+
+    ``step(state)``, or ``step(key_k, state)`` with ``key_k = fold_in(key, k)`` for the work of step
+    ``k``; ``has_aux=True``: ``step`` returns ``(state, aux)`` and aux leaves are recorded every step
+    as ``"aux/<path>"`` (from step ``start_step+1``). Steps are numbered from ``start_step`` (a resumed
+    run continues the numbering and the key folding; its initial state is not recorded again).
+    ``chunk=None``: see :func:`auto_chunk`. ``profile``: ProfileWindow(s) whose work steps run one
+    dispatch each inside the trace. ``donate``: the carried state is donated to the device between
+    chunks when nothing needs a chunk-start state again (no invariants); the caller's arrays are
+    never donated. On a violation the run stops at the violating step: sinks get the frames up to
+    it, post-mortem states of the last ``postmortem`` steps are attached, and ``run.state`` is the
+    state at that step. KeyboardInterrupt and other exceptions close the sinks (``stopped``/
+    ``failed``) and are re-raised with the partial :class:`Run` as ``exc.jaxlog_run``.
+    """
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
+        raise JaxlogError(f"steps must be an int >= 0, got {steps!r}")
+    if isinstance(start_step, bool) or not isinstance(start_step, (int, np.integer)) or start_step < 0:
+        raise JaxlogError(f"start_step must be an int >= 0, got {start_step!r}")
+    steps, start_step = int(steps), int(start_step)
+    if start_step + steps >= 2**31:
+        raise JaxlogError(f"step numbers up to {start_step + steps} do not fit the int32 step counter")
+    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1):
+        raise JaxlogError(f"chunk must be an int >= 1 or None, got {chunk!r}")
+    if not callable(step):
+        raise JaxlogError(f"step must be callable, got {step!r}")
+    check_on_violation(on_violation)
+    postmortem = int(postmortem)
+    keyed = key is not None
+    specs = tuple(normalize_records(record, reserved=(AUX,)))
+
+    clock = Clock()
+    tracker = compile_tracker(*_JIT_NAMES)
+    traces0 = _traces[0]
+    if tracker is not None:
+        tracker.__enter__()
+    try:
+        return _run(step, state, steps, specs, invariants, sinks, key, keyed, dt, chunk, profile, has_aux, batched,
+                    on_violation, postmortem, progress, chunk_budget_bytes, timeline, donate, start_step, clock,
+                    tracker, traces0)
+    finally:
+        if tracker is not None:
+            tracker.__exit__(None, None, None)
+
+
+def _run(step, state, steps, specs, invariants, sinks, key, keyed, dt, chunk, profile, has_aux, batched, on_violation,
+         postmortem, progress, budget, timeline, donate, start_step, clock, tracker, traces0) -> Run:
+    from ._profile import check_windows
+
+    end = start_step + steps
+    windows = check_windows(profile, end) if profile is not None else ()
+    state = jax.tree_util.tree_map(jnp.asarray, state)
+    if keyed:
+        key = jnp.asarray(key)
+
+    # --- resolve what the step and the views produce (errors before any step runs) ------------
+    def traced_step():
+        return _apply(step, has_aux, keyed, key, jnp.int32(start_step), state)
+
+    try:
+        out_shape = jax.eval_shape(traced_step)
+    except JaxlogError:
+        raise
+    except Exception as e:
+        raise JaxlogError(f"the step function failed on the state: {type(e).__name__}: {e}") from e
+    _check_carry(state, out_shape[0])
+    aux_fn = (lambda: traced_step()[1]) if has_aux else None
+    schema = resolve_schema(specs, state, aux=aux_fn, batched=batched, dt=dt)
+    checkers = bind_invariants(invariants, schema)
+    chunk = auto_chunk(schema, steps, budget) if chunk is None else int(chunk)
+    chunk = max(1, min(chunk, steps)) if steps else 1
+    dense = tuple(i for i, s in enumerate(specs) if s.schedule.is_every_step)
+    sparse_idx = tuple(i for i, s in enumerate(specs) if not s.schedule.is_every_step)
+    record_initial = start_step == 0
+    use_donate = bool(donate) and not checkers
+
+    sinkset = SinkSet(sinks)
+    sinkset.set_timeline(timeline)
+    meta = {"provenance": provenance(),
+            "run": {"driver": "run", "steps": steps, "start_step": start_step, "chunk": chunk, "dt": dt,
+                    "has_aux": bool(has_aux), "batched": bool(batched), "keyed": keyed,
+                    "invariants": [getattr(i, "name", repr(i)) for i in (invariants or ())]}}
+    sinkset.open(schema, meta)
+
+    bar = _progress(progress, steps)
+    plans: dict[int, _Plan] = {}
+
+    def plan_for(length: int) -> _Plan:
+        if length not in plans:
+            sparse = tuple((i, max(1, specs[i].schedule.max_in_span(length))) for i in sparse_idx)
+            plans[length] = _Plan(step, specs, dense, sparse, bool(has_aux), keyed, length)
+        return plans[length]
+
+    fn = _chunk_donate if use_donate else _chunk
+    cur = _copy_tree(state) if use_donate else state
+    written_step, written_state = start_step, cur if not use_donate else None
+    cur_step = start_step
+    violation = None
+    status = "running"
+    pending = None  # (k0, length, start_state, sparse steps, outputs, t_dispatched)
+    starts: list = []  # recent (k0, chunk-start state) covering the last `postmortem` steps (no donation)
+    init_frames = None
+    try:
+        if bar is not None:
+            bar.__enter__()
+        if record_initial:
+            idx = tuple(i for i, s in enumerate(specs) if start_step in s.schedule)
+            if idx:
+                init_frames = (idx, _views_jit(specs, idx, state))
+        segs = _segments(start_step, end, chunk, windows)
+        open_window = None
+        for n, (k0, length, win) in enumerate(segs):
+            plan = plan_for(length)
+            slot_arrays, sparse_steps = [], []
+            for i, m in plan.sparse:
+                st, sl = _slots(specs[i].schedule, k0, length, m)
+                sparse_steps.append(st)
+                slot_arrays.append(sl)
+            start_state = cur
+            t0 = _now()
+            if win is not None:
+                if open_window is not win:
+                    win.begin()
+                    open_window = win
+                with win.step(k0):
+                    out = fn(plan, cur, key, np.int32(k0), tuple(slot_arrays))
+                if k0 == win.stop or k0 == end - 1:
+                    win.end(block_on=out[0])
+                    open_window = None
+            else:
+                out = fn(plan, cur, key, np.int32(k0), tuple(slot_arrays))
+            cur, cur_step = out[0], k0 + length
+            _start_copy(out[1:])
+            t1 = _now()
+            if timeline is not None:
+                timeline.slice("dispatch", f"steps {k0}..{k0 + length}", t0, t1, {"k0": k0, "length": length})
+            if pending is not None:
+                violation = _handle(pending, specs, plan_for, sinkset, checkers, timeline, init_frames)
+                init_frames = None
+                if violation is not None:
+                    break
+                if checkers:
+                    starts.append((pending[0], pending[2]))
+                    while len(starts) >= 2 and starts[1][0] <= k0 - postmortem:
+                        starts.pop(0)
+                written_step = pending[0] + pending[1]
+                written_state = None if use_donate else start_state  # = state at the pending chunk's end
+                if bar is not None:
+                    bar.advance(written_step - start_step)
+            pending = (k0, length, None if use_donate else start_state, sparse_steps, out[1:], t1)
+        if violation is None and pending is not None:
+            violation = _handle(pending, specs, plan_for, sinkset, checkers, timeline, init_frames)
+            init_frames = None
+            if violation is None:
+                written_step = pending[0] + pending[1]
+                written_state = cur
+                if bar is not None:
+                    bar.advance(written_step - start_step)
+        elif violation is None and init_frames is not None:  # steps == 0: only the initial record
+            frames = _initial(init_frames, specs, start_step)
+            violation = first_violation(checkers, frames)
+            if violation is not None:
+                pending = (start_step, 0, state, [], None, None)
+                sinkset.write(frames.until(violation.step))
+            else:
+                sinkset.write(frames)
+            written_state = cur
+        if violation is not None:
+            k0, chunk_state = pending[0], pending[2]
+            need = violation.step - postmortem + 1  # start the replay early enough for `postmortem` states
+            if k0 > need and starts:
+                early = [ks for ks in starts if ks[0] <= need]
+                k0, chunk_state = early[-1] if early else starts[0]
+            cur = _postmortem(violation, chunk_state, k0, step, has_aux, keyed, key, postmortem, sinkset)
+            written_step, written_state = violation.step, cur
+            status = "violated"
+            sinkset.close("violated", steps_done=violation.step, violation=violation.to_json())
+            violation = violation.with_artifacts(sinkset.artifacts) or violation
+        else:
+            status = "complete"
+            sinkset.close("complete", steps_done=end)
+    except BaseException as exc:
+        status = "stopped" if isinstance(exc, KeyboardInterrupt) else "failed"
+        for w in windows:
+            if w.active:
+                try:
+                    w.end()
+                except Exception:
+                    pass
+        sinkset.close(status, steps_done=written_step, raise_errors=False)
+        state_step = written_step
+        if written_state is None:  # donated: the newest state we still hold (frames may end earlier)
+            written_state, state_step = (cur, cur_step) if not _deleted(cur) else (None, written_step)
+        partial_run = Run(written_state, state_step, make_timings(clock.elapsed(), state_step - start_step,
+                                                                  tracker, _traces[0] - traces0),
+                          violation, sinkset.artifacts, schema, chunk, status, sinkset)
+        try:
+            exc.jaxlog_run = partial_run
+        except Exception:
+            pass
+        raise
+    finally:
+        if bar is not None:
+            bar.__exit__(None, None, None)
+    if timeline is not None:
+        for w in windows:
+            try:
+                w.add_to_timeline(timeline)
+            except Exception:
+                pass
+    window_s = None
+    if len(windows) == 1 and windows[0].done:
+        try:
+            window_s = windows[0].step_seconds()
+        except Exception:
+            window_s = None
+    jax.block_until_ready(cur)
+    wall = clock.elapsed()
+    timings = make_timings(wall, written_step - start_step, tracker, _traces[0] - traces0, window_s)
+    artifacts = sinkset.artifacts
+    for w in windows:
+        artifacts.update(w.artifacts)
+    result = Run(cur, written_step, timings, violation, artifacts, schema, chunk, status, sinkset)
+    if violation is not None:
+        try:
+            violation.jaxlog_run = result
+        except Exception:
+            pass
+        if on_violation == "raise":
+            raise violation
+        if on_violation == "warn":
+            warnings.warn(JaxlogRuntimeWarning(str(violation)), stacklevel=2)
+    return result
+
+
+def _deleted(tree) -> bool:
+    try:
+        return any(leaf.is_deleted() for leaf in jax.tree_util.tree_leaves(tree))
+    except Exception:
+        return False
+
+
+def _now() -> int:
+    import time
+
+    return time.perf_counter_ns()
+
+
+def _check_carry(state, new_shape) -> None:
+    a, ta = jax.tree_util.tree_flatten_with_path(state)
+    b, tb = jax.tree_util.tree_flatten_with_path(new_shape)
+    if ta != tb:
+        raise JaxlogError(f"the step function changed the state's structure: {ta} -> {tb}")
+    for (kp, x), (_, y) in zip(a, b):
+        if tuple(x.shape) != tuple(y.shape) or x.dtype != y.dtype:
+            raise JaxlogError(f"the step function changed state leaf {jax.tree_util.keystr(kp)}: "
+                              f"{x.dtype}{list(x.shape)} -> {y.dtype}{list(y.shape)}")
+
+
+def _progress(progress, steps):
+    from ._loggers import ProgressLogger
+
+    if progress is False:
+        return None
+    if isinstance(progress, ProgressLogger):
+        return progress
+    return ProgressLogger(steps, enabled=True if progress is True else None, desc="jaxlog")
+
+
+def _initial(init_frames, specs, step0) -> Frames:
+    idx, values = init_frames
+    frames = Frames()
+    steps = np.asarray([step0], dtype=np.int64)
+    for p, v in _host(values).items():
+        frames.add(p, steps, v[None])
+    return frames
+
+
+def _handle(pending, specs, plan_for, sinkset, checkers, timeline, init_frames):
+    """Pull one chunk's outputs, build frames, check invariants, write. Returns a violation or None."""
+    k0, length, _, sparse_steps, outputs, t_dispatch = pending
+    ys, bufs = outputs
+    t0 = _now()
+    ys, bufs = _host(ys), _host(bufs)
+    t_ready = _now()
+    frames = _initial(init_frames, specs, k0) if init_frames is not None else Frames()
+    dense_steps = np.arange(k0 + 1, k0 + length + 1, dtype=np.int64)
+    for p, v in ys.items():
+        _add(frames, p, dense_steps, v)
+    for st, buf in zip(sparse_steps, bufs):
+        if len(st):
+            for p, v in buf.items():
+                _add(frames, p, st, v[: len(st)])
+    violation = first_violation(checkers, frames) if checkers else None
+    sinkset.write(frames.until(violation.step) if violation is not None else frames)
+    if timeline is not None:
+        t1 = _now()
+        timeline.slice("host", f"frames {k0 + 1}..{k0 + length}", t0, t1, {"k0": k0, "length": length})
+        _counters(timeline, frames, t_dispatch, t_ready)
+    return violation
+
+
+def _add(frames: Frames, path, steps, values):
+    if path in frames.values:  # the initial frame of chunk 0
+        frames.add(path, np.concatenate([frames.steps[path], steps]), np.concatenate([frames.values[path], values]))
+    else:
+        frames.add(path, steps, values)
+
+
+def _counters(timeline, frames: Frames, t_start, t_end) -> None:
+    for p in frames:
+        v = frames.values[p]
+        if v.ndim != 1 or not len(v) or not np.issubdtype(v.dtype, np.number) or np.iscomplexobj(v):
+            continue
+        ts = np.linspace(t_start, t_end, len(v)).astype(np.int64)
+        try:
+            timeline.counter_series(p, ts, v.astype(np.float64))
+        except Exception:
+            pass
+
+
+def _postmortem(violation, chunk_state, k0, step, has_aux, keyed, key, n, sinkset):
+    """Replay from the chunk-start state one step at a time up to the violating step; attach the
+    last ``n`` states. Returns the state at the violating step."""
+    target = violation.step
+    st = chunk_state
+    keep = set(range(max(k0, target - n + 1), target + 1)) if n > 0 else set()
+    snaps = {}
+    if k0 in keep:
+        snaps[k0] = state_paths(st)
+    for k in range(k0, target):
+        st = _single(step, bool(has_aux), keyed, st, key, np.int32(k))
+        if k + 1 in keep:
+            snaps[k + 1] = state_paths(st)
+    for k in sorted(snaps):
+        sinkset.attach("postmortem", k, snaps[k])
+    return st

@@ -1,0 +1,225 @@
+"""jl.Recorder: the Logger protocol for hand-written loops, same frames/sinks/invariants as jl.run."""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pytest_jaxlog as jl
+from pytest_jaxlog._sinks import MemorySink
+
+N = 4
+
+
+def osc(s):
+    v = s["v"] - 0.05 * jnp.sin(s["x"])
+    return {"x": s["x"] + 0.1 * v, "v": v}
+
+
+def energy(s):
+    return jnp.sum(0.5 * s["v"] ** 2 - jnp.cos(s["x"]))
+
+
+def positions(s):
+    return s["x"]
+
+
+STATE = {"x": jnp.linspace(-1.0, 1.0, N, dtype=jnp.float32), "v": jnp.zeros(N, jnp.float32)}
+STEP = jax.jit(osc)
+RECORD = {"e": energy, "x": jl.Record(positions, every=3)}
+
+
+def _loop(rec, steps, start=0, state=STATE, every=1):
+    s = state
+    for k in range(start, start + steps + 1):
+        if k > start:
+            s = STEP(s)
+        if (k - start) % every == 0:
+            rec.log(s, k)
+    return s
+
+
+class Sink(MemorySink):
+    def __init__(self, fail_at=None, exc=None):
+        super().__init__()
+        self.writes, self.fail_at, self.exc = 0, fail_at, exc
+
+    def write(self, frames):
+        self.writes += 1
+        if self.writes == self.fail_at:
+            raise self.exc
+        super().write(frames)
+
+
+def test_recorder_matches_run_and_flushes_in_batches():
+    sink = Sink()
+    with jl.Recorder(RECORD, sinks=[sink], flush_every=4, dt=0.1) as rec:
+        _loop(rec, 10)
+    assert sink.writes == 3  # 11 calls: flushes after 4 and 8, and at exit
+    assert sink.status == "complete" and sink.steps_done == 10
+    assert sink.meta["run"]["driver"] == "recorder"
+    t = rec.trajectory
+    r = jl.run(osc, STATE, 10, record=RECORD, progress=False, dt=0.1)
+    for p in ("e", "x"):
+        np.testing.assert_array_equal(t.steps(p), r.trajectory.steps(p))
+        np.testing.assert_allclose(t[p], r.trajectory[p], rtol=1e-6)
+    np.testing.assert_array_equal(t.steps("x"), [0, 3, 6, 9])
+    assert rec.schema.dt == 0.1 and rec.timings.steps == 10
+
+
+def test_sparse_and_resumed_labels():
+    with jl.Recorder(RECORD) as rec:
+        _loop(rec, 20, start=100, every=5)  # labels 100, 105, ..., 120
+    t = rec.trajectory
+    np.testing.assert_array_equal(t.steps("e"), [100, 105, 110, 115, 120])
+    np.testing.assert_array_equal(t.steps("x"), [105, 120])  # every(3) applies to the labels given
+
+
+@pytest.mark.parametrize("second", [3, 2])
+def test_labels_must_increase(second):
+    with pytest.raises(jl.JaxlogError, match=rf"step {second} .*previous step 3"):
+        with jl.Recorder(RECORD) as rec:
+            rec.log(STATE, 3)
+            rec.log(STATE, second)
+    assert rec.trajectory.status == "failed"
+    np.testing.assert_array_equal(rec.trajectory.steps("x"), [3])  # buffered frames are kept
+
+
+def test_log_outside_with_is_an_error():
+    rec = jl.Recorder(RECORD)
+    with pytest.raises(jl.JaxlogError, match="outside"):
+        rec.log(STATE, 0)
+    with rec:
+        rec.log(STATE, 0)
+    with pytest.raises(jl.JaxlogError, match="outside"):
+        rec.log(STATE, 1)
+    with pytest.raises(jl.JaxlogError, match="one run"):
+        rec.__enter__()
+
+
+def test_bad_view_and_shape_change_name_the_record():
+    with pytest.raises(jl.JaxlogError, match="'name'"):
+        with jl.Recorder({"name": lambda s: "text"}) as rec:
+            rec.log(STATE, 0)
+    with pytest.raises(jl.JaxlogError, match=r"'x' at step 1"):
+        with jl.Recorder({"x": positions}) as rec:
+            rec.log(STATE, 0)
+            rec.log({"x": jnp.zeros(N + 1), "v": jnp.zeros(N + 1)}, 1)
+
+
+def test_keyboard_interrupt_and_sink_failure_close_the_sinks():
+    sink = Sink()
+    with pytest.raises(KeyboardInterrupt):
+        with jl.Recorder(RECORD, sinks=[sink], flush_every=3) as rec:
+            for k in range(7):
+                rec.log(STATE, k)
+            raise KeyboardInterrupt
+    assert sink.status == "stopped" and sink.steps_done == 6
+    np.testing.assert_array_equal(sink.frames().steps["e"], np.arange(7))
+
+    mem, bad = MemorySink(), Sink(fail_at=2, exc=OSError("disk full"))
+    with pytest.raises(OSError, match="disk full"):
+        with jl.Recorder(RECORD, sinks=[mem, bad], flush_every=2) as rec:
+            _loop(rec, 10)
+    assert mem.status == "failed" and rec.status == "failed"
+
+
+class Above:
+    """A minimal invariant: violated at the first frame whose value exceeds ``limit``."""
+
+    name = "above"
+
+    def __init__(self, record, limit):
+        self.records, self.record, self.limit = (record,), record, limit
+
+    def bind(self, schema):
+        schema.resolve(self.record)
+        inv = self
+
+        class Checker:
+            def check(self, frames):
+                if inv.record not in frames.values:
+                    return None
+                bad = np.nonzero(frames.values[inv.record] > inv.limit)[0]
+                return Bad(int(frames.steps[inv.record][bad[0]])) if len(bad) else None
+
+        return Checker()
+
+
+class Bad(AssertionError):
+    def __init__(self, step):
+        super().__init__(f"bad at {step}")
+        self.step, self.artifacts = step, {}
+
+    def to_json(self):
+        return {"step": self.step}
+
+    def with_artifacts(self, a):
+        self.artifacts.update(a)
+        return self
+
+
+def _counter_state(k):
+    return {"c": jnp.asarray(float(k))}
+
+
+def test_violation_raise_from_log():
+    sink = Sink()
+    with pytest.raises(Bad) as info:
+        with jl.Recorder({"c": lambda s: s["c"]}, sinks=[sink], invariants=[Above("c", 4.5)], flush_every=3) as rec:
+            for k in range(20):
+                rec.log(_counter_state(k), k)
+    assert info.value.step == 5 and rec.violation is info.value
+    assert sink.status == "violated" and sink.violation == {"step": 5}
+    np.testing.assert_array_equal(sink.frames().steps["c"], np.arange(6))
+
+
+@pytest.mark.parametrize("mode", ["warn", "record"])
+def test_violation_warn_or_record(mode):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with jl.Recorder({"c": lambda s: s["c"]}, invariants=[Above("c", 4.5)], flush_every=100,
+                         on_violation=mode) as rec:
+            for k in range(20):
+                rec.log(_counter_state(k), k)  # flushed at exit: the violation is found then
+    assert rec.violation.step == 5 and rec.trajectory.status == "violated"
+    np.testing.assert_array_equal(rec.trajectory.steps("c"), np.arange(6))
+    assert len([w for w in caught if issubclass(w.category, jl.JaxlogRuntimeWarning)]) == (mode == "warn")
+
+
+def test_violation_at_exit_raises():
+    with pytest.raises(Bad):
+        with jl.Recorder({"c": lambda s: s["c"]}, invariants=[Above("c", 1.5)]) as rec:
+            for k in range(4):
+                rec.log(_counter_state(k), k)
+
+
+def test_real_invariants_and_composite_logger():
+    ring = jl.RingBuffer(2)
+    rec = jl.Recorder(RECORD, invariants=[jl.finite("e", "x"), jl.conserved("e", rtol=0.5)], flush_every=5)
+    with jl.CompositeLogger(rec, ring) as log:
+        s = _loop(log, 12)
+    assert rec.trajectory.status == "complete" and ring.steps == [11, 12]
+    np.testing.assert_array_equal(ring.states[-1]["x"], np.asarray(s["x"]))
+
+
+def test_no_log_calls_still_closes_sinks():
+    sink = Sink()
+    with jl.Recorder(RECORD, sinks=[sink]):
+        pass
+    assert sink.status == "complete" and sink.steps_done == 0
+
+
+def test_recorder_to_hdf5(tmp_path):
+    pytest.importorskip("pytest_jaxlog._hdf5")
+    path = tmp_path / "rec.h5"
+    with jl.Recorder(RECORD, sinks=[jl.HDF5Writer(path)], flush_every=4) as rec:
+        _loop(rec, 9)
+    assert rec.artifacts["trajectory"] == path
+    t = jl.load(path)
+    assert t.status == "complete"
+    np.testing.assert_array_equal(t.steps("x"), [0, 3, 6, 9])

@@ -1,0 +1,383 @@
+"""jl.run: chunk-size independence, keys, aux, batching, stops (violation, KeyboardInterrupt, errors)."""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import pytest_jaxlog as jl
+from pytest_jaxlog._frames import Frames
+from pytest_jaxlog._run import auto_chunk
+from pytest_jaxlog._sinks import MemorySink
+
+# ---------------------------------------------------------------- small kernels (compiled once per shape)
+
+N = 5
+
+
+def osc(s):
+    v = s["v"] - 0.05 * jnp.sin(s["x"])
+    return {"x": s["x"] + 0.1 * v, "v": v}
+
+
+def noisy(key, s):
+    v = s["v"] - 0.05 * jnp.sin(s["x"]) + 0.01 * jax.random.normal(key, s["v"].shape)
+    return {"x": s["x"] + 0.1 * v, "v": v}
+
+
+def with_aux(s):
+    new = osc(s)
+    return new, {"ke": 0.5 * jnp.sum(new["v"] ** 2), "vmax": jnp.max(new["v"])}
+
+
+def energy(s):
+    return jnp.sum(0.5 * s["v"] ** 2 - jnp.cos(s["x"]))
+
+
+def positions(s):
+    return s["x"]
+
+
+def both(s):
+    return {"x": s["x"], "v": s["v"]}
+
+
+STATE = {"x": jnp.linspace(-1.0, 1.0, N, dtype=jnp.float32), "v": jnp.zeros(N, jnp.float32)}
+KEY = jax.random.key(42)
+SCHEDULES = [jl.every(1), jl.every(3), jl.every(5, start=2), jl.at(0, 4, 17, 33), jl.window(5, 20, every=2)]
+RECORDS = [{"e": energy, "x": jl.Record(positions, every=s)} for s in SCHEDULES]
+
+
+def _leaves_equal(a, b):
+    la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+    assert len(la) == len(lb)
+    for x, y in zip(la, lb):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def _traj_equal(t1, t2):
+    assert t1.records == t2.records
+    for p in t1.records:
+        np.testing.assert_array_equal(t1.steps(p), t2.steps(p))
+        np.testing.assert_array_equal(t1[p], t2[p])
+
+
+_single = jax.jit(osc)
+_single_noisy = jax.jit(noisy)
+
+
+def _reference(steps, key=None, start=0, state=STATE):
+    """Plain loop: state after each step, the work of step k fed fold_in(key, k)."""
+    s, out = state, [state]
+    for k in range(start, start + steps):
+        s = _single_noisy(jax.random.fold_in(key, k), s) if key is not None else _single(s)
+        out.append(s)
+    return out
+
+
+# ---------------------------------------------------------------- chunk-size independence
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(chunk=st.sampled_from([1, 2, 7, 1000]), steps=st.integers(0, 40), which=st.integers(0, len(SCHEDULES) - 1),
+       keyed=st.booleans())
+def test_chunk_size_independence(chunk, steps, which, keyed):
+    rec = RECORDS[which]
+    fn, key = (noisy, KEY) if keyed else (osc, None)
+    a = jl.run(fn, STATE, steps, record=rec, key=key, chunk=chunk, progress=False)
+    b = jl.run(fn, STATE, steps, record=rec, key=key, chunk=1000, progress=False)
+    _leaves_equal(a.state, b.state)
+    _traj_equal(a.trajectory, b.trajectory)
+    assert a.steps_done == b.steps_done == steps
+    sched = SCHEDULES[which]
+    np.testing.assert_array_equal(a.trajectory.steps("x"), sched.steps_between(0, steps))
+    np.testing.assert_array_equal(a.trajectory.steps("e"), np.arange(steps + 1))
+    # values are those of a plain per-step loop
+    ref = _reference(steps, key)
+    _leaves_equal(a.state, ref[-1])
+    want = np.stack([np.asarray(ref[k]["x"]) for k in sched.steps_between(0, steps)]) if len(
+        sched.steps_between(0, steps)) else np.zeros((0, N), np.float32)
+    np.testing.assert_allclose(a.trajectory["x"], want, rtol=1e-6, atol=1e-6)
+
+
+def test_key_folding_and_resume():
+    full = jl.run(noisy, STATE, 23, record={"e": energy, "x": jl.Record(positions, every=4)}, key=KEY, chunk=5,
+                  progress=False)
+    first = jl.run(noisy, STATE, 10, record={"e": energy, "x": jl.Record(positions, every=4)}, key=KEY, chunk=3,
+                   progress=False)
+    second = jl.run(noisy, first.state, 13, record={"e": energy, "x": jl.Record(positions, every=4)}, key=KEY,
+                    chunk=7, start_step=10, progress=False)
+    _leaves_equal(second.state, full.state)
+    assert second.steps_done == 23
+    t, t1, t2 = full.trajectory, first.trajectory, second.trajectory
+    np.testing.assert_array_equal(t2.steps("e"), np.arange(11, 24))  # the resumed run does not re-record step 10
+    np.testing.assert_array_equal(np.concatenate([t1["e"], t2["e"]]), t["e"])
+    np.testing.assert_array_equal(np.concatenate([t1.steps("x"), t2.steps("x")]), t.steps("x"))
+    np.testing.assert_array_equal(np.concatenate([t1["x"], t2["x"]]), t["x"])
+    # a different key gives a different trajectory
+    other = jl.run(noisy, STATE, 23, key=jax.random.key(7), chunk=5, progress=False)
+    assert not np.array_equal(np.asarray(other.state["v"]), np.asarray(full.state["v"]))
+
+
+def test_raw_uint32_key_and_key_in_state():
+    def step(key, s):
+        k2, sub = jax.random.split(s["k"])
+        return {"k": k2, "x": s["x"] + jax.random.uniform(sub, s["x"].shape) + jax.random.uniform(key, ())}
+
+    state = {"k": jax.random.key(1), "x": jnp.zeros(3)}
+    r = jl.run(step, state, 6, record={"k": lambda s: s["k"], "x": lambda s: s["x"]}, key=jax.random.PRNGKey(0),
+               chunk=4, progress=False)
+    leaf = r.schema["k"]
+    assert leaf.key_impl == "threefry2x32" and leaf.dtype == np.uint32 and leaf.shape == (2,)
+    np.testing.assert_array_equal(r.trajectory["k"][-1], np.asarray(jax.random.key_data(r.state["k"])))
+    assert jax.dtypes.issubdtype(r.state["k"].dtype, jax.dtypes.prng_key)
+
+
+def test_has_aux_recorded_from_step_1():
+    r = jl.run(with_aux, STATE, 9, record={"e": energy}, has_aux=True, chunk=4, progress=False)
+    t = r.trajectory
+    assert set(t.records) == {"e", "aux/ke", "aux/vmax"}
+    np.testing.assert_array_equal(t.steps("aux/ke"), np.arange(1, 10))
+    ref = _reference(9)
+    np.testing.assert_allclose(t["aux/ke"], [0.5 * np.sum(np.asarray(s["v"]) ** 2) for s in ref[1:]], rtol=1e-6)
+    _leaves_equal(r.state, ref[-1])
+    with pytest.raises(jl.JaxlogError, match="reserved"):
+        jl.run(with_aux, STATE, 2, record={"aux": energy}, has_aux=True, progress=False)
+    with pytest.raises(jl.JaxlogError, match=r"\(state, aux\)"):
+        jl.run(osc, STATE, 2, has_aux=True, progress=False)
+
+
+def test_batched_and_dt():
+    state = {"x": jnp.ones((3, N)) * jnp.arange(3.0)[:, None], "v": jnp.zeros((3, N))}
+    per_system = lambda s: jnp.sum(0.5 * s["v"] ** 2 - jnp.cos(s["x"]), axis=-1)  # noqa: E731
+    r = jl.run(osc, state, 8, record={"e": per_system, "x": jl.Record(positions, every=4)}, batched=True, dt=0.5,
+               chunk=3, progress=False)
+    assert r.schema.batched and r.schema.n_systems == 3 and r.schema.dt == 0.5
+    t = r.trajectory
+    assert t["e"].shape == (9, 3) and t["x"].shape == (3, 3, N)
+    np.testing.assert_allclose(t.time("x"), [0.0, 2.0, 4.0])
+    with pytest.raises(jl.JaxlogError, match="'total'.*leading system axis"):
+        jl.run(osc, state, 2, record={"total": energy}, batched=True, progress=False)
+
+
+# ---------------------------------------------------------------- errors before any step
+
+
+class CountingSink(MemorySink):
+    def __init__(self, fail_at=None, exc=None):
+        super().__init__()
+        self.writes = 0
+        self.fail_at, self.exc = fail_at, exc
+
+    def write(self, frames):
+        self.writes += 1
+        if self.fail_at is not None and self.writes == self.fail_at:
+            raise self.exc
+        super().write(frames)
+
+
+@pytest.mark.parametrize("record, match", [
+    ({"s": lambda s: "text"}, "'s'"),
+    ({"bad": lambda s: s["nope"]}, "'bad' failed"),
+    ({"n": lambda s: {"a": s["x"], "b": object()}}, "'n"),
+    ({"bad/name": positions}, "invalid"),
+])
+def test_bad_views_fail_before_any_step(record, match):
+    sink = CountingSink()
+    with pytest.raises(jl.JaxlogError, match=match):
+        jl.run(osc, STATE, 3, record=record, sinks=[sink], progress=False)
+    assert sink.schema is None  # never opened
+
+
+def test_step_changing_shape_is_an_error():
+    with pytest.raises(jl.JaxlogError, match=r"\['x'\]"):
+        jl.run(lambda s: {"x": jnp.concatenate([s["x"], s["x"]]), "v": s["v"]}, STATE, 3, progress=False)
+
+
+def test_bad_arguments():
+    with pytest.raises(jl.JaxlogError, match="steps"):
+        jl.run(osc, STATE, -1)
+    with pytest.raises(jl.JaxlogError, match="chunk"):
+        jl.run(osc, STATE, 3, chunk=0)
+    with pytest.raises(jl.JaxlogError, match="on_violation"):
+        jl.run(osc, STATE, 3, on_violation="explode")
+
+
+# ---------------------------------------------------------------- invariants (fake, interface only) and stops
+
+
+class AfterStep:
+    """A minimal invariant (the interface jl.run relies on): violated at the first step >= ``at``."""
+
+    name = "after_step"
+
+    def __init__(self, record, at, system=None):
+        self.records, self.record, self.at, self.system = (record,), record, at, system
+
+    def bind(self, schema):
+        schema.resolve(self.record)
+        inv = self
+
+        class Checker:
+            seen = []
+
+            def check(self, frames: Frames):
+                self.seen.append(frames.last_step)
+                steps = frames.steps.get(inv.record, np.zeros(0, np.int64))
+                hit = steps[steps >= inv.at]
+                return FakeViolation(int(hit[0]), inv.system) if len(hit) else None
+
+        return Checker()
+
+
+class FakeViolation(AssertionError):
+    def __init__(self, step, system=None):
+        super().__init__(f"after_step violated at step {step}")
+        self.step, self.system, self.artifacts = step, system, {}
+
+    def to_json(self):
+        return {"step": self.step, "system": self.system}
+
+    def with_artifacts(self, artifacts):
+        self.artifacts.update(artifacts)
+        return self
+
+
+def test_violation_stops_at_the_step_with_postmortem():
+    sink = MemorySink()
+    with pytest.raises(FakeViolation) as info:
+        jl.run(osc, STATE, 40, record={"e": energy, "x": jl.Record(positions, every=5)},
+               invariants=[AfterStep("e", 13)], sinks=[sink], chunk=6, progress=False)
+    run = info.value.jaxlog_run
+    assert sink.status == "violated" and sink.steps_done == 13 and sink.violation == {"step": 13, "system": None}
+    frames = sink.frames()
+    assert frames.steps["e"][-1] == 13 and frames.steps["x"][-1] == 10
+    ref = _reference(13)
+    assert sorted(sink.attachments["postmortem"]) == [11, 12, 13]
+    for k in (11, 12, 13):
+        snap = sink.attachments["postmortem"][k]
+        assert set(snap) == {"state/x", "state/v"}
+        np.testing.assert_array_equal(snap["state/x"], np.asarray(ref[k]["x"]))
+    assert run.steps_done == 13 and run.status == "violated"
+    _leaves_equal(run.state, ref[13])
+
+
+@pytest.mark.parametrize("mode", ["warn", "record"])
+def test_violation_warn_or_record_returns_the_run(mode):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        r = jl.run(osc, STATE, 20, record={"e": energy}, invariants=[AfterStep("e", 0)], on_violation=mode,
+                   postmortem=0, chunk=4, progress=False)
+    assert r.violation.step == 0 and r.steps_done == 0 and r.trajectory.status == "violated"
+    _leaves_equal(r.state, STATE)
+    warned = [w for w in caught if issubclass(w.category, jl.JaxlogRuntimeWarning)]
+    assert len(warned) == (1 if mode == "warn" else 0)
+
+
+def test_real_finite_invariant_names_step():
+    def blowup(s):
+        return {"x": s["x"] * 10.0, "v": s["v"]}
+
+    with pytest.raises(jl.InvariantViolation) as info:
+        jl.run(blowup, {"x": jnp.ones(2, jnp.float32), "v": jnp.zeros(2)}, 100, record={"x": lambda s: s["x"]},
+               invariants=[jl.finite("x")], chunk=16, progress=False)
+    assert info.value.step == 39  # 10**39 overflows float32
+    with pytest.raises(jl.JaxlogError):  # the invariant names a record that is not recorded: before any step
+        jl.run(osc, STATE, 3, record={"e": energy}, invariants=[jl.finite("nope")], progress=False)
+
+
+def test_keyboard_interrupt_stops_at_chunk_boundary():
+    mem = MemorySink()
+    bad = CountingSink(fail_at=3, exc=KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt) as info:
+        jl.run(osc, STATE, 50, record={"e": energy}, sinks=[mem, bad], chunk=5, donate=False, progress=False)
+    assert mem.status == bad.status == "stopped"
+    assert mem.steps_done == 10  # chunks 0..4 and 5..9 written before the third write raised
+    np.testing.assert_array_equal(mem.frames().steps["e"][:11], np.arange(11))
+    run = info.value.jaxlog_run
+    assert run.steps_done == 10 and run.status == "stopped"
+    _leaves_equal(run.state, _reference(10)[-1])
+
+
+def test_sink_exception_fails_and_is_reraised():
+    mem = MemorySink()
+    with pytest.raises(RuntimeError, match="disk full"):
+        jl.run(osc, STATE, 30, record={"e": energy}, sinks=[mem, CountingSink(2, RuntimeError("disk full"))],
+               chunk=5, progress=False)
+    assert mem.status == "failed" and mem.steps_done == 5
+
+
+# ---------------------------------------------------------------- the rest of the options
+
+
+def test_caller_state_is_not_donated_and_compiles_are_reused():
+    state = {"x": jnp.linspace(0.0, 1.0, N, dtype=jnp.float32), "v": jnp.ones(N, jnp.float32)}
+    r1 = jl.run(osc, state, 20, record={"e": energy}, chunk=7, progress=False)
+    assert not any(leaf.is_deleted() for leaf in jax.tree_util.tree_leaves(state))
+    assert r1.timings.compiles <= 3  # chunk 7, the last chunk of 6, the initial views
+    r2 = jl.run(osc, state, 20, record={"e": energy}, chunk=7, progress=False)
+    assert r2.timings.compiles == 0
+    assert r2.timings.steps == 20 and r2.timings.wall_s > 0 and r2.timings.steps_per_s > 0
+    _leaves_equal(r1.state, r2.state)
+
+
+def test_auto_chunk_respects_budget():
+    r = jl.run(osc, STATE, 50, record={"x": positions}, chunk_budget_bytes=N * 4 * 8, progress=False)
+    assert r.chunk == 8
+    assert auto_chunk(r.schema, 10**9) == 10_000
+    assert auto_chunk(r.schema, 3) == 3
+    ref = jl.run(osc, STATE, 50, record={"x": positions}, chunk=50, progress=False)
+    _traj_equal(r.trajectory, ref.trajectory)
+
+
+def test_zero_steps_records_initial_state():
+    r = jl.run(osc, STATE, 0, record={"e": energy, "x": jl.Record(positions, every=3)}, progress=False)
+    assert r.steps_done == 0
+    np.testing.assert_array_equal(r.trajectory.steps("x"), [0])
+    _leaves_equal(r.state, STATE)
+
+
+def test_progress_advances_by_steps():
+    out = io.StringIO()
+    bar = jl.ProgressLogger(30, enabled=True, file=out, mininterval=0)
+    jl.run(osc, STATE, 30, chunk=10, progress=bar)
+    assert "30/30" in out.getvalue()
+
+
+def test_hdf5_sink_trajectory_is_loaded(tmp_path):
+    pytest.importorskip("pytest_jaxlog._hdf5")
+    path = tmp_path / "t.h5"
+    r = jl.run(osc, STATE, 12, record={"e": energy, "x": jl.Record(positions, every=4)},
+               sinks=[jl.HDF5Writer(path)], chunk=5, dt=0.1, progress=False)
+    assert r.artifacts["trajectory"] == path
+    t = r.trajectory
+    assert t.path == path and t.status == "complete" and t.steps_done == 12
+    mem = jl.run(osc, STATE, 12, record={"e": energy, "x": jl.Record(positions, every=4)}, chunk=12, dt=0.1,
+                 progress=False)
+    _traj_equal(t, mem.trajectory)
+
+
+def test_timeline_slices_and_counters():
+    from pytest_jaxlog._perfetto import Timeline
+
+    tl = Timeline()
+    jl.run(osc, STATE, 20, record={"e": energy, "x": positions}, chunk=5, timeline=tl, progress=False)
+    assert len(tl.slices("dispatch")) == 4 and len(tl.slices("host")) == 4
+    assert "e" in tl.counter_names()
+
+
+def test_profile_window_steps_are_identical(tmp_path):
+    win = jl.ProfileWindow(3, 5, tmp_path)
+    rec = {"e": energy, "x": jl.Record(positions, every=2)}
+    r = jl.run(osc, STATE, 12, record=rec, chunk=4, profile=win, progress=False)
+    plain = jl.run(osc, STATE, 12, record=rec, chunk=4, progress=False)
+    _traj_equal(r.trajectory, plain.trajectory)
+    _leaves_equal(r.state, plain.state)
+    assert win.done and "jax_trace" in r.artifacts
