@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -58,14 +59,51 @@ def describe_avals(avals: Iterable[Any]) -> tuple[str, ...]:
     return tuple(out)
 
 
+_primitive_names: frozenset[str] | None = None
+
+
+def _primitives() -> frozenset[str]:
+    """Names of JAX primitives: eager ``jnp`` ops compile as ``jit(<primitive name>)``."""
+    global _primitive_names
+    if _primitive_names is None:
+        import sys
+
+        names: set[str] = {"stage"}
+        try:
+            import jax.extend.core as jcore
+            import jax.extend.core.primitives  # noqa: F401  (the public list)
+
+            # The public list misses a few (e.g. ``stage_p`` behind jnp.asarray): also read the
+            # primitives already defined by loaded jax modules (nothing is imported for this).
+            for mod_name, mod in list(sys.modules.items()):
+                if mod is None or not (mod_name == "jax" or mod_name.startswith(("jax.", "jaxlib."))):
+                    continue
+                for v in list(getattr(mod, "__dict__", {}).values()):
+                    if isinstance(v, jcore.Primitive):
+                        names.add(v.name)
+        except Exception:  # pragma: no cover - API moved
+            pass
+        _primitive_names = frozenset(names - {"jit", "pjit", "closed_call", "core_call"})
+    return _primitive_names
+
+
 @dataclass
 class CompileEvent:
-    """One compilation: JAX's name for it (``"jit(step)"``), argument shapes/dtypes, backend seconds."""
+    """One compilation: JAX's name for it (``"jit(step)"``), argument shapes/dtypes, backend seconds.
+
+    ``end_ns`` is ``time.perf_counter_ns()`` when the backend compile finished (None if unseen).
+    """
 
     name: str
     args: tuple[str, ...] | None = None
     seconds: float | None = None
     thread: str | None = None
+    end_ns: int | None = field(default=None, compare=False)
+
+    @property
+    def eager(self) -> bool:
+        """A single-primitive program from an eager op (``jit(convert_element_type)``), not a user function."""
+        return self.function in _primitives()
 
     @property
     def function(self) -> str:
@@ -166,24 +204,19 @@ def _unhook(tracker: "CompileTracker") -> None:
 class CompileTracker:
     """Context manager recording every JAX compilation that happens while it is open.
 
-    ``CompileTracker()`` counts everything; ``CompileTracker(step)`` (functions or names) counts
-    only compilations of those functions in ``.count``/``.events`` while ``.all_events`` keeps all
-    (eager ``jnp`` ops compile tiny ``jit(<primitive>)`` programs once per process, which is why a
-    filter is useful). Compilations on other threads are seen too: the JAX hooks are global.
-    Trackers nest and may overlap in time; the logger level is restored when the last one exits.
+    ``CompileTracker()`` counts every compilation except eager single-primitive ones (``jnp``
+    ops outside ``jit`` compile a tiny ``jit(<primitive>)`` once per process; ``eager=True``
+    counts those too); ``CompileTracker(step)`` (functions or names) counts only those functions;
+    ``exclude=`` names functions never to count (a driver's own helpers). ``.count``/``.events``
+    are the counted ones, ``.all_events`` everything seen. Compilations on other threads are seen
+    too: the JAX hooks are global. Trackers nest and may overlap in time; the logger level is
+    restored when the last one exits.
     """
 
-    def __init__(self, *functions: Callable | str):
-        names = set()
-        for f in functions:
-            if isinstance(f, str):
-                names.add(f)
-            else:
-                name = getattr(f, "__name__", None) or getattr(getattr(f, "func", None), "__name__", None)
-                if name is None:
-                    raise TypeError(f"[jaxlog] CompileTracker needs functions or names, got {f!r}")
-                names.add(name)
-        self.functions = frozenset(names)
+    def __init__(self, *functions: Callable | str, exclude: Iterable[Callable | str] = (), eager: bool = False):
+        self.functions = frozenset(_names(functions))
+        self.exclude = frozenset(_names(exclude))
+        self.eager = bool(eager)
         self.all_events: list[CompileEvent] = []
         self._lock = threading.Lock()
         self._open = False
@@ -194,12 +227,13 @@ class CompileTracker:
             self.all_events.append(CompileEvent(name, args, None, thread))
 
     def _on_backend_compile(self, name: str, seconds: float, thread: str) -> None:
+        end = time.perf_counter_ns()
         with self._lock:
             for ev in self.all_events:  # pair with the oldest lowering of that name still unpaired
                 if ev.name == name and ev.seconds is None and ev.thread == thread:
-                    ev.seconds = seconds
+                    ev.seconds, ev.end_ns = seconds, end
                     return
-            self.all_events.append(CompileEvent(name, None, seconds, thread))
+            self.all_events.append(CompileEvent(name, None, seconds, thread, end))
 
     def __enter__(self) -> "CompileTracker":
         if self._open:
@@ -213,7 +247,26 @@ class CompileTracker:
         _unhook(self)
 
     def _counts(self, ev: CompileEvent) -> bool:
-        return not self.functions or ev.function in self.functions or ev.name in self.functions
+        if ev.function in self.exclude or ev.name in self.exclude:
+            return False
+        if self.functions:
+            return ev.function in self.functions or ev.name in self.functions
+        return self.eager or not ev.eager
+
+    def signatures(self) -> list[tuple[str, tuple[str, ...] | None]]:
+        """Distinct ``(function, argument types)`` among the counted compilations, first-seen order.
+
+        A driver that compiles one program per chunk length sees the same signature several
+        times; a kernel whose weak types or shapes change shows new signatures.
+        """
+        return list(dict.fromkeys((ev.function, ev.args) for ev in self.events))
+
+    def add_to_timeline(self, timeline: Any, track: str = "compile") -> None:
+        """One slice per counted compilation (backend compile time) on ``track`` of a Timeline."""
+        for ev in self.events:
+            if ev.end_ns is not None and ev.seconds is not None:
+                timeline.slice(track, ev.function, ev.end_ns - int(ev.seconds * 1e9), ev.end_ns,
+                               {"name": ev.name, "args": ", ".join(ev.args or ())})
 
     @property
     def events(self) -> list[CompileEvent]:
@@ -229,12 +282,31 @@ class CompileTracker:
     def seconds(self) -> float:
         return float(sum(ev.seconds or 0.0 for ev in self.events))
 
-    def timings(self, wall_s: float, steps: int, window: np.ndarray | None = None) -> "Timings":
-        """Build the :class:`Timings` of a run measured while this tracker was open."""
+    def timings(self, wall_s: float, steps: int, window: np.ndarray | None = None, *,
+                distinct: bool = False) -> "Timings":
+        """Build the :class:`Timings` of a run measured while this tracker was open.
+
+        ``distinct=True``: ``compiles`` counts distinct signatures (see :meth:`signatures`), for
+        drivers that compile the same step once per chunk length.
+        """
         events = tuple(self.events)
-        return Timings(wall_s=float(wall_s), steps=int(steps), compiles=len(events),
+        n = len(self.signatures()) if distinct else len(events)
+        return Timings(wall_s=float(wall_s), steps=int(steps), compiles=n,
                        compile_s=float(sum(ev.seconds or 0.0 for ev in events)),
                        compile_events=events, window=window)
+
+
+def _names(functions: Iterable[Callable | str]) -> set[str]:
+    names = set()
+    for f in functions:
+        if isinstance(f, str):
+            names.add(f)
+        else:
+            name = getattr(f, "__name__", None) or getattr(getattr(f, "func", None), "__name__", None)
+            if name is None:
+                raise TypeError(f"[jaxlog] CompileTracker needs functions or names, got {f!r}")
+            names.add(name)
+    return names
 
 
 def _plural(n: int, word: str) -> str:

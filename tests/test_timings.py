@@ -168,3 +168,36 @@ def test_timings_json_roundtrip_and_properties():
     np.testing.assert_array_equal(back.window, t.window)
     assert str(t.compile_events[0]) == "step(f32[3]) [500.0 ms]"
     assert Timings(wall_s=0.0, steps=0).steps_per_s == 0.0
+
+
+def test_eager_ops_exclude_signatures_and_timeline(tmp_path):
+    from pytest_jaxlog._perfetto import Timeline
+    from pytest_jaxlog._trace import load_trace
+
+    @jax.jit
+    def helper(x):
+        return x + 1
+
+    @jax.jit
+    def kernel(x, n):
+        return x * n
+
+    x = jnp.ones((5,))
+    with CompileTracker(exclude=[helper]) as default, CompileTracker(eager=True) as with_eager:
+        jnp.asarray(np.arange(7, dtype=np.int16)).astype(jnp.float16)  # eager op: a primitive program
+        helper(x)
+        kernel(x, 2.0)
+        kernel(x, jnp.float32(2.0))
+    assert [ev.function for ev in default.events] == ["kernel", "kernel"]
+    assert any(ev.eager for ev in with_eager.events)
+    assert not any(ev.eager for ev in default.events)
+    assert default.signatures() == [("kernel", ("f32[5]", "weak_type f32[]")), ("kernel", ("f32[5]", "f32[]"))]
+    assert default.timings(1.0, 1, distinct=True).compiles == 2
+
+    tl = Timeline()
+    default.add_to_timeline(tl)
+    back = load_trace(tl.write(tmp_path / "c.pftrace"))
+    slices = back.slices("kernel", track="compile")
+    assert len(slices) == 2
+    assert [s.dur_s for s in slices] == pytest.approx([ev.seconds for ev in default.events], abs=1e-6)
+    assert slices[0].args["args"] == "f32[5], weak_type f32[]"
