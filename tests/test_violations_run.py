@@ -261,3 +261,34 @@ def test_lj_large_timestep_trips_conserved_where_the_recorded_drift_crosses(tmp_
     assert set(pm[expected]) >= {"state/positions", "state/velocities", "state/forces"}
     replayed = type(state)(*(jnp.asarray(pm[expected][f"state/{k}"]) for k in state._fields))
     np.testing.assert_allclose(float(energies(replayed)["total"]), total[expected], rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- jl.Recorder (hand-written loop)
+
+faulty_step_jit = jax.jit(faulty_step)
+
+
+@HYP
+@given(f=fault, flush_every=st.sampled_from([1, 4, 7]))
+def test_recorder_reports_exact_step_and_system(tmp_path_factory, f, flush_every):
+    path = tmp_path_factory.mktemp("r") / "traj.h5"
+    exp = first_recorded_at_or_after(f["bad_step"], f["stride"])
+    state = faulty_state(f["kind"], f["bad_step"], f["systems"])
+    rec = jl.Recorder({"x": jl.Record(view_x, every=f["stride"])}, sinks=[jl.HDF5Writer(path)],
+                      invariants=[INVARIANT[f["kind"]]()], batched=True, flush_every=flush_every)
+    caught = None
+    try:
+        with rec:
+            for k in range(STEPS + 1):
+                rec.log(state, k)
+                state = faulty_step_jit(state)
+    except jl.InvariantViolation as e:
+        caught = e
+    traj = jl.load(path)
+    if exp > STEPS:
+        assert caught is None and traj.status == "complete"
+        return
+    assert caught is not None and (caught.step, caught.system) == (exp, min(f["systems"]))
+    assert rec.violation is caught
+    assert traj.status == "violated" and traj.violation["step"] == exp
+    np.testing.assert_array_equal(traj.steps("x"), np.arange(0, exp + 1, f["stride"]))
