@@ -17,6 +17,12 @@ GITHUB = ROOT / "ci" / "github-actions.yml"
 GITLAB = ROOT / "ci" / "gitlab-ci.yml"
 pytest_plugins = ["pytester"]
 
+# Import what the inline pytester runs use before they start: pytester drops modules first imported
+# during a run, and jaxlib/h5py cannot be imported a second time in one process.
+import h5py  # noqa: E402,F401
+import jax.numpy  # noqa: E402,F401
+from pytest_jaxlog import _hdf5, _perfetto, _run, _trajectory  # noqa: E402,F401
+
 
 def readme_commands() -> list[tuple[str, str]]:
     """(install, pytest invocation) for each README line ``python3 -m venv ... && .venv/bin/pytest ...``."""
