@@ -1,0 +1,311 @@
+"""HDF5Writer -> load round-trips (bit for bit), the H5MD layout, and the reader's errors."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import h5py
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from storage_helpers import DTYPES, assert_bitwise, batches, frames_for, simple_schema
+
+import pytest_jaxlog as jl
+from pytest_jaxlog._frames import FORMAT_VERSION, Frames, LeafSpec, Schema
+from pytest_jaxlog._hdf5 import HDF5Writer
+from pytest_jaxlog._schedule import at, every, window
+from pytest_jaxlog._sinks import MemorySink
+from pytest_jaxlog._trajectory import Trajectory, load
+
+schedules = st.one_of(
+    st.builds(every, st.integers(1, 4), st.integers(0, 5)),
+    st.builds(lambda s: at(*s), st.lists(st.integers(0, 25), min_size=1, max_size=6)),
+    st.builds(lambda a, n, e: window(a, a + n, e), st.integers(0, 10), st.integers(0, 10), st.integers(1, 3)),
+)
+shapes = st.lists(st.integers(0, 3), min_size=0, max_size=3).map(tuple)
+
+
+@st.composite
+def schemas(draw):
+    """Random records: bare leaves, dicts and nested dicts, any dtype/shape/schedule."""
+    batched = draw(st.booleans())
+    n_sys = draw(st.integers(1, 3)) if batched else None
+    dt = draw(st.sampled_from([None, 0.5, 1e-3]))
+    leaves = []
+    for r in range(draw(st.integers(1, 4))):
+        name = f"r{r}"
+        kind = draw(st.sampled_from(["leaf", "dict", "nested"]))
+        if kind == "leaf":
+            paths = [name]
+        elif kind == "dict":
+            paths = [f"{name}/{k}" for k in draw(st.sets(st.sampled_from("abc"), min_size=1))]
+        else:
+            paths = [f"{name}/{k}/{m}" for k in draw(st.sets(st.sampled_from("ab"), min_size=1))
+                     for m in draw(st.sets(st.sampled_from(["u", "v", "value", "step"]), min_size=1))]
+        sched = draw(schedules)
+        for p in sorted(paths):
+            shape = draw(shapes)
+            if batched:
+                shape = (n_sys, *shape)
+            key_impl = None
+            if draw(st.integers(0, 9)) == 0:
+                dtype, shape, key_impl = np.dtype(np.uint32), (*shape, 2), "threefry2x32"
+            else:
+                dtype = draw(st.sampled_from(DTYPES))
+            leaves.append(LeafSpec(p, name, shape, dtype, sched, key_impl))
+    return Schema(tuple(leaves), batched=batched, dt=dt)
+
+
+def _check(traj: Trajectory, schema: Schema, expected: dict, status="complete", steps_done=None) -> None:
+    assert traj.records == schema.paths
+    assert traj.schema == schema or traj.schema.to_json() == schema.to_json()
+    assert traj.status == status
+    if steps_done is not None:
+        assert traj.steps_done == steps_done
+    for path, (steps, values) in expected.items():
+        assert_bitwise(traj[path], values)
+        np.testing.assert_array_equal(traj.steps(path), steps)
+        assert traj.steps(path).dtype == np.int64
+        if schema.dt is not None:
+            np.testing.assert_array_equal(traj.time(path), steps * schema.dt)
+        assert traj.key_impl(path) == schema[path].key_impl
+        n = len(steps)
+        if n:
+            assert_bitwise(traj[path, n // 2], values[n // 2])
+            assert_bitwise(traj[path, 1:n:2], values[1:n:2])
+            assert_bitwise(traj[path, ::-1], values[::-1])
+            idx = [n - 1, 0, n - 1]
+            assert_bitwise(traj[path, idx], values[idx])
+            np.testing.assert_array_equal(traj.steps(path, slice(1, None)), steps[1:])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(schema=schemas(), n_steps=st.integers(0, 25), cuts=st.lists(st.integers(0, 26), max_size=5),
+       seed=st.integers(0, 2**32 - 1), queue_size=st.integers(1, 3), flush=st.sampled_from([0.0, 1.0]))
+def test_roundtrip_bit_for_bit(schema, n_steps, cuts, seed, queue_size, flush):
+    rng = np.random.default_rng(seed)
+    frames, expected = batches(schema, n_steps, cuts, rng)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "t.h5"
+        w = HDF5Writer(path, queue_size=queue_size, flush_every_s=flush)
+        mem = MemorySink()
+        meta = {"run": {"steps": n_steps}, "provenance": {"jax": "x"}}
+        w.open(schema, meta)
+        mem.open(schema, meta)
+        for fr in frames:
+            w.write(fr)
+            mem.write(fr)
+        w.close("complete", steps_done=n_steps)
+        mem.close("complete", steps_done=n_steps)
+        traj = load(path)
+        _check(traj, schema, expected, steps_done=n_steps)
+        assert traj.meta["run"] == {"steps": n_steps} and traj.provenance == {"jax": "x"}
+        _check(Trajectory.from_sink(mem), schema, expected, steps_done=n_steps)
+        # save() (golden files) round-trips too, from a file and from memory
+        _check(load(traj.save(Path(tmp) / "copy.h5")), schema, expected, steps_done=n_steps)
+        _check(load(Trajectory.from_sink(mem).save(Path(tmp) / "m.h5")), schema, expected)
+        # the file opens with plain h5py and follows the H5MD layout
+        with h5py.File(path, "r") as f:
+            assert list(f["h5md"].attrs["version"]) == [1, 1]
+            for leaf in schema.leaves:
+                g = f["observables"][leaf.path]
+                assert g["step"].dtype == np.int64 and g["step"].shape == (len(expected[leaf.path][0]),)
+                assert g["value"].shape == (len(expected[leaf.path][0]), *leaf.shape)
+                assert g["value"].maxshape[0] is None and g["value"].chunks is not None
+                assert ("time" in g) == (schema.dt is not None)
+
+
+def test_h5md_layout_with_plain_h5py(tmp_path):
+    schema = simple_schema(shape=(4, 3), dt=0.25)
+    w = HDF5Writer(tmp_path / "t.h5", author="Ada", particles={"atoms": {"position": "state/x"}})
+    w.open(schema, {"run": {"steps": 9}})
+    w.write(frames_for(schema, 0, 4))
+    w.write(frames_for(schema, 5, 9))
+    w.close("complete", steps_done=9)
+    assert w.artifacts == {"trajectory": tmp_path / "t.h5"}
+    with h5py.File(tmp_path / "t.h5", "r") as f:
+        assert f["h5md"].attrs["version"].tolist() == [1, 1]
+        assert f["h5md/author"].attrs["name"] == "Ada"
+        assert f["h5md/creator"].attrs["name"] == "pytest-jaxlog"
+        assert f["h5md/creator"].attrs["version"] == jl.__version__
+        obs = f["observables/state/x"]
+        assert obs["step"][:].tolist() == list(range(10))
+        np.testing.assert_allclose(obs["time"][:], np.arange(10) * 0.25)
+        assert obs["value"].shape == (10, 4, 3) and obs["value"].maxshape == (None, 4, 3)
+        assert f["particles/atoms/position/value"].shape == (10, 4, 3)
+        assert f["particles/atoms/box"].attrs["dimension"] == 3
+        attrs = {k: json.loads(v) for k, v in f["jaxlog"].attrs.items()}
+        assert attrs["format_version"] == FORMAT_VERSION
+        assert attrs["status"] == "complete" and attrs["steps_done"] == 9 and attrs["violation"] is None
+        assert Schema.from_json(attrs["schema"]) == schema or attrs["schema"] == schema.to_json()
+        prov = attrs["provenance"]
+        for key in ("jax", "jaxlib", "numpy", "h5py", "python", "pytest_jaxlog", "backend", "device_kind",
+                    "device_count", "x64", "platform", "hostname", "time"):
+            assert key in prov, key
+
+
+def test_pyh5md_reads_our_file(tmp_path):
+    pyh5md = pytest.importorskip("pyh5md")
+    schema = simple_schema(shape=(2, 3), dt=0.5)
+    w = HDF5Writer(tmp_path / "t.h5")
+    w.open(schema, {})
+    fr = frames_for(schema, 0, 6)
+    w.write(fr)
+    w.close("complete", steps_done=6)
+    f = pyh5md.File(str(tmp_path / "t.h5"), "r")  # checks /h5md, author, creator
+    try:
+        el = pyh5md.element(f["observables/state"], "x")
+        assert el.element_type == "TimeElement"
+        np.testing.assert_array_equal(el.step[:], np.arange(7))
+        np.testing.assert_array_equal(el.time[:], np.arange(7) * 0.5)
+        np.testing.assert_array_equal(el.value[:], fr.values["state/x"])
+        energy = pyh5md.element(f["observables"], "energy")
+        np.testing.assert_array_equal(energy.value[:], fr.values["energy"])
+    finally:
+        f.close()
+
+
+def test_bfloat16_stored_as_uint16_read_back_as_bfloat16(tmp_path):
+    schema = simple_schema(dtype=ml_dtypes.bfloat16)
+    w = HDF5Writer(tmp_path / "t.h5")
+    w.open(schema, {})
+    fr = frames_for(schema, 0, 3)
+    w.write(fr)
+    w.close("complete", steps_done=3)
+    with h5py.File(tmp_path / "t.h5", "r") as f:
+        ds = f["observables/state/x/value"]
+        assert ds.dtype == np.uint16 and ds.attrs["jaxlog_dtype"] == "bfloat16"
+    got = load(tmp_path / "t.h5")["state/x"]
+    assert got.dtype == ml_dtypes.bfloat16
+    assert_bitwise(got, fr.values["state/x"])
+
+
+def test_prefix_gives_nested_dict_and_unknown_record_lists_recorded(tmp_path):
+    leaves = tuple(LeafSpec(p, "state", (2,), np.dtype(np.float32), every(1))
+                   for p in ("state/pos/a", "state/pos/b", "state/vel"))
+    schema = Schema(leaves)
+    w = HDF5Writer(tmp_path / "t.h5")
+    w.open(schema, {})
+    fr = frames_for(schema, 0, 2)
+    w.write(fr)
+    w.close("complete", steps_done=2)
+    traj = load(tmp_path / "t.h5")
+    nested = traj["state"]
+    assert set(nested) == {"pos", "vel"} and set(nested["pos"]) == {"a", "b"}
+    np.testing.assert_array_equal(nested["pos"]["b"], fr.values["state/pos/b"])
+    np.testing.assert_array_equal(traj["state/pos", 1:]["a"], fr.values["state/pos/a"][1:])
+    np.testing.assert_array_equal(traj.steps("state"), [0, 1, 2])
+    assert "state/pos" in traj and "nope" not in traj
+    with pytest.raises(jl.JaxlogError, match=r"'energy' is not recorded; recorded: state/pos/a, state/pos/b"):
+        traj["energy"]
+    with pytest.raises(jl.JaxlogError, match="no time"):
+        traj.time("state/vel")
+
+
+def test_key_records_wrap_back_into_typed_keys(tmp_path):
+    jax = pytest.importorskip("jax")
+    keys = jax.random.split(jax.random.key(42), 4)
+    data = np.asarray(jax.random.key_data(keys))
+    leaf = LeafSpec("key", "key", (2,), np.dtype(np.uint32), every(1), key_impl="threefry2x32")
+    w = HDF5Writer(tmp_path / "t.h5")
+    w.open(Schema((leaf,)), {})
+    fr = Frames()
+    fr.add("key", np.arange(4), data)
+    w.write(fr)
+    w.attach("postmortem", 3, {"state/key": keys[3], "state/x": np.ones(2, ml_dtypes.bfloat16)})
+    w.close("complete", steps_done=3)
+    traj = load(tmp_path / "t.h5")
+    assert traj.key_impl("key") == "threefry2x32" and traj["key"].dtype == np.uint32
+    wrapped = traj.wrap_keys("key")
+    assert jax.dtypes.issubdtype(wrapped.dtype, jax.dtypes.prng_key)
+    np.testing.assert_array_equal(jax.random.key_data(wrapped), data)
+    pm = traj.postmortem
+    assert list(pm) == [3]
+    np.testing.assert_array_equal(pm[3]["state/key"], data[3])
+    assert pm[3]["state/x"].dtype == ml_dtypes.bfloat16
+    assert traj.attachment_key_impls("postmortem") == {"state/key": "threefry2x32"}
+
+
+def test_object_and_string_leaves_rejected_naming_the_record(tmp_path):
+    for dtype in (object, "U3", "S2"):
+        schema = Schema((LeafSpec("state/name", "state", (), np.dtype(dtype), every(1)),))
+        w = HDF5Writer(tmp_path / "t.h5")
+        with pytest.raises(jl.JaxlogError, match=r"record 'state/name'.*cannot be recorded"):
+            w.open(schema, {})
+        with pytest.raises(jl.JaxlogError, match=r"record 'state/name'"):
+            MemorySink().open(schema, {})
+
+
+def test_reader_errors_name_the_file_and_what_is_missing(tmp_path):
+    with pytest.raises(jl.JaxlogError, match="no such trajectory file"):
+        load(tmp_path / "missing.h5")
+    (tmp_path / "text.h5").write_text("hello")
+    with pytest.raises(jl.JaxlogError, match=r"text\.h5 is not a pytest-jaxlog trajectory: not an HDF5 file"):
+        load(tmp_path / "text.h5")
+    with h5py.File(tmp_path / "other.h5", "w") as f:
+        f.create_group("particles")
+    with pytest.raises(jl.JaxlogError, match=r"other\.h5 is not a pytest-jaxlog trajectory: it has no /jaxlog group"):
+        load(tmp_path / "other.h5")
+    with h5py.File(tmp_path / "partial.h5", "w") as f:
+        f.create_group("jaxlog").attrs["status"] = '"complete"'
+    with pytest.raises(jl.JaxlogError, match="lacks format_version, schema, steps_done"):
+        load(tmp_path / "partial.h5")
+    schema = simple_schema()
+    w = HDF5Writer(tmp_path / "new.h5")
+    w.open(schema, {})
+    w.close("complete", steps_done=0)
+    with h5py.File(tmp_path / "new.h5", "r+") as f:
+        f["jaxlog"].attrs["format_version"] = json.dumps(FORMAT_VERSION + 1)
+    with pytest.raises(jl.JaxlogError, match=r"newer pytest-jaxlog \(format version 2; this version reads <= 1\)"):
+        load(tmp_path / "new.h5")
+
+
+def test_overwrite_false_and_single_use(tmp_path):
+    schema = simple_schema()
+    w = HDF5Writer(tmp_path / "t.h5")
+    w.open(schema, {})
+    with pytest.raises(jl.JaxlogError, match="opened once"):
+        w.open(schema, {})
+    w.close("complete", steps_done=0)
+    with pytest.raises(jl.JaxlogError, match="overwrite=False"):
+        HDF5Writer(tmp_path / "t.h5", overwrite=False).open(schema, {})
+    with pytest.raises(jl.WriterError, match="closed"):
+        w.write(frames_for(schema, 0, 1))
+    w.close("complete", steps_done=0)  # idempotent
+
+
+def test_compression_and_large_frames(tmp_path):
+    schema = simple_schema(shape=(300, 1000), dtype=np.float32)  # 1.2 MB frames: one frame per chunk
+    w = HDF5Writer(tmp_path / "t.h5", compression="gzip")
+    w.open(schema, {})
+    fr = frames_for(schema, 0, 2)
+    w.write(fr)
+    w.close("complete", steps_done=2)
+    with h5py.File(tmp_path / "t.h5", "r") as f:
+        assert f["observables/state/x/value"].compression == "gzip"
+    traj = load(tmp_path / "t.h5")
+    assert_bitwise(traj["state/x", 1], fr.values["state/x"][1])
+
+
+def test_timeline_gets_a_slice_per_batch(tmp_path):
+    class Timeline:  # the _perfetto.Timeline interface the writer uses
+        def __init__(self):
+            self.slices = []
+
+        def slice(self, track, name, start_ns, end_ns, args=None):
+            self.slices.append((track, name, start_ns, end_ns, args))
+
+    tl = Timeline()
+    schema = simple_schema()
+    w = HDF5Writer(tmp_path / "t.h5")
+    w.set_timeline(tl)
+    w.open(schema, {})
+    w.write(frames_for(schema, 0, 3))
+    w.write(frames_for(schema, 4, 5))
+    w.close("complete", steps_done=5)
+    assert [s[:2] for s in tl.slices] == [("writer", "write")] * 2
+    assert all(s[3] >= s[2] for s in tl.slices) and tl.slices[0][4]["frames"] == 8
