@@ -117,7 +117,7 @@ class RecordDiff:
     max_rel: float | None = None
     n_diff: int = 0
     n_total: int = 0
-    n_nan: int = 0  # differing elements where exactly one side (or, with equal_nan=False, either) is NaN
+    n_nan: int = 0  # differing elements with a NaN on either side
 
     def summary(self) -> str:
         """One line: what a person reads first."""
@@ -138,7 +138,7 @@ class RecordDiff:
             parts.append(f"max rel error {self.max_rel:.4g}")
         parts.append(f"{self.n_diff} of {self.n_total} elements differ")
         if self.n_nan:
-            parts.append(f"{self.n_nan} of them NaN vs number")
+            parts.append(f"{self.n_nan} of them NaN")
         return ", ".join(parts)
 
 
@@ -159,9 +159,6 @@ class Diff:
     @property
     def ok(self) -> bool:
         return not self.differences
-
-    def __bool__(self) -> bool:  # truthy when there is a difference, like a non-empty diff
-        return not self.ok
 
     @property
     def first(self) -> RecordDiff | None:

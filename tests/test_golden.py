@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 import pytest_jaxlog as jl
 from pytest_jaxlog._frames import Frames, LeafSpec, Schema
@@ -50,7 +51,7 @@ def reference(**changes):
 def test_equal_and_within_tolerance():
     jl.assert_trajectory_close(reference(), reference())
     d = diff_trajectories(reference(), reference())
-    assert d.ok and not d and d.n_elements == len(STEPS) + POS.size
+    assert d.ok and d.n_elements == len(STEPS) + POS.size
     assert "trajectories match" in d.report()
     e = ENERGY * (1 + 1e-9)
     jl.assert_trajectory_close(reference(energy=(STEPS, e)), reference(), rtol=1e-7)
@@ -98,6 +99,53 @@ def test_random_perturbation_detected_iff_outside_rtol(frame, atom, axis, rel, s
         assert rd.max_rel == pytest.approx(rel * rtol, rel=1e-6)
 
 
+FLOATS = st.one_of(st.floats(-1e3, 1e3), st.sampled_from([np.nan, np.inf, -np.inf, 0.0]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    data=st.data(),
+    rtol=st.sampled_from([0.0, 1e-7, 1e-3, 0.5]),
+    atol=st.sampled_from([0.0, 1e-6, 1.0]),
+    equal_nan=st.booleans(),
+)
+def test_elementwise_rule_is_numpy_isclose(data, rtol, atol, equal_nan):
+    """Whatever the values (NaN, infinities, zeros), an element differs iff numpy.isclose says so."""
+    e = data.draw(hnp.arrays(np.float64, (5, 3), elements=FLOATS))
+    noise = data.draw(hnp.arrays(np.float64, (5, 3), elements=st.floats(-2, 2)))
+    mask = data.draw(hnp.arrays(np.bool_, (5, 3)))
+    a = np.where(mask, e + noise * data.draw(st.sampled_from([1e-9, 1e-4, 1.0])), e)
+    a = np.where(data.draw(hnp.arrays(np.bool_, (5, 3))), data.draw(hnp.arrays(np.float64, (5, 3), elements=FLOATS)), a)
+    steps = np.arange(5) * 3
+    d = diff_trajectories(make_traj({"v": (steps, a)}), make_traj({"v": (steps, e)}), rtol=rtol, atol=atol, equal_nan=equal_nan)
+    bad = ~np.isclose(a, e, rtol=rtol, atol=atol, equal_nan=equal_nan)
+    if not bad.any():
+        assert d.ok
+    else:
+        (rd,) = d.differences
+        first = tuple(np.argwhere(bad)[0])
+        assert rd.n_diff == bad.sum() and rd.n_total == bad.size
+        assert (rd.step, rd.index) == (3 * first[0], (int(first[1]),))
+        assert rd.n_nan == (bad & (np.isnan(a) | np.isnan(e))).sum()
+
+
+def test_bfloat16_and_complex_records():
+    import ml_dtypes
+
+    v = np.linspace(0, 1, 30).reshape(10, 3)
+    b16 = v.astype(ml_dtypes.bfloat16)
+    jl.assert_trajectory_close(make_traj({"h": (np.arange(10), b16)}), make_traj({"h": (np.arange(10), b16.copy())}))
+    bumped = b16.copy()
+    bumped[4, 1] = ml_dtypes.bfloat16(0.75)
+    with pytest.raises(AssertionError, match=r"record 'h' first differs at step 4, index \(1,\): obtained 0.75, expected 0.4"):
+        jl.assert_trajectory_close(make_traj({"h": (np.arange(10), bumped)}), make_traj({"h": (np.arange(10), b16)}))
+    jl.assert_trajectory_close(make_traj({"h": (np.arange(10), bumped)}), make_traj({"h": (np.arange(10), b16)}), atol=0.5)
+    c = v * (1 + 1j)
+    with pytest.raises(AssertionError, match=r"first differs at step 9, index \(2,\)"):
+        jl.assert_trajectory_close(make_traj({"c": (np.arange(10), c + np.where(v == 1, 1e-3j, 0))}),
+                                   make_traj({"c": (np.arange(10), c)}))
+
+
 def test_nan_policy():
     e = ENERGY.copy()
     e[[7, 900]] = np.nan
@@ -108,7 +156,7 @@ def test_nan_policy():
     with pytest.raises(AssertionError) as info:
         jl.assert_trajectory_close(reference(energy=(STEPS, e)), reference())
     assert "record 'energy' first differs at step 7: obtained nan" in str(info.value)
-    assert "2 of 2001 elements differ, 2 of them NaN vs number" in str(info.value)
+    assert "2 of 2001 elements differ, 2 of them NaN" in str(info.value)
     with pytest.raises(AssertionError, match=r"step 7: obtained -2\d\d\.\d+, expected nan"):
         jl.assert_trajectory_close(reference(), reference(energy=(STEPS, e)), rtol=1.0)
     # same infinities match; opposite ones do not
