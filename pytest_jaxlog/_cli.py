@@ -262,7 +262,11 @@ def cmd_trace(args) -> int:
     else:
         print("  steps: 0 (no jaxlog_step annotations in this trace)")
     n_compiles, compile_s = _compiles(slices)
-    print(f"  compilations: {n_compiles}" + (f" ({_fmt_s(compile_s)})" if n_compiles else ""))
+    if n_compiles or getattr(trace, "format", "") != "pftrace" or "compile" in getattr(trace, "tracks", ()):
+        print(f"  compilations: {n_compiles}" + (f" ({_fmt_s(compile_s)})" if n_compiles else ""))
+    else:
+        print("  compilations: not recorded in this trace (run.timings.compiles has them; a profile window's "
+              "JAX trace shows XLA compiles)")
     totals: dict[str, list[float]] = {}
     for s in slices:
         if s.name.startswith("$"):  # Python-tracer frames: nested, numerous, not what a step costs

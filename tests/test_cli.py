@@ -63,6 +63,9 @@ def files(tmp_path_factory):
     tl.slice("compile", "compile step", 0, 800_000)
     tl.slice("compile", "compile step", t, t + 300_000)
     tl.write(d / "run.pftrace")
+    tl2 = Timeline()
+    tl2.slice("dispatch", "steps 0..10", 0, 5_000_000)
+    tl2.write(d / "nocompile.pftrace")
     # the shape of JAX's own Chrome-JSON trace: XLA compiles are backend_compile_and_load slices
     events = [{"ph": "X", "pid": 1, "tid": 2, "name": "jaxlog_step", "ts": 100 * k, "dur": 50 + k,
                "args": {"step_num": str(k)}} for k in range(4)]
@@ -145,6 +148,10 @@ def test_trace(files):
     assert r.returncode == 0, r.stderr
     assert "steps: 4 (steps 0..3)" in r.stdout and "compilations: 1 (1.000 ms)" in r.stdout
     assert "$pxla" not in r.stdout  # Python-tracer frames are not "top slices"
+    r = cli("trace", files / "nocompile.pftrace")
+    assert r.returncode == 0, r.stderr
+    assert "steps: 0 (no jaxlog_step annotations in this trace)" in r.stdout
+    assert "compilations: not recorded in this trace" in r.stdout and "steps 0..10" in r.stdout
 
 
 def test_plot(files, tmp_path):
