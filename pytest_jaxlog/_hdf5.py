@@ -165,6 +165,18 @@ class HDF5Writer:
             host[path] = (arr, impl)
         self._put(("attach", str(name), int(step), host))
 
+    def flush(self) -> None:
+        """Block until everything handed over so far is on disk (survives a kill)."""
+        self._raise_pending()
+        if self._state != "open":
+            return
+        done = threading.Event()
+        self._put(("flush", done))
+        while not done.wait(_POLL_S):
+            if self._thread is None or not self._thread.is_alive():
+                break
+        self._raise_pending()
+
     def close(self, status: str = "complete", *, steps_done: int | None = None, violation: dict | None = None) -> None:
         """Flush, write the final status, close the file; raise a writer error not raised yet."""
         if status not in STATUSES:
@@ -321,6 +333,14 @@ class HDF5Writer:
                     if self._error is None:
                         self._write_attachment(*item[1:])
                         dirty = True
+                elif item[0] == "flush":
+                    try:
+                        if self._error is None:
+                            self._flush()
+                            dirty = False
+                            next_flush = time.monotonic() + self.flush_every_s
+                    finally:
+                        item[1].set()
                 elif item[0] == "close":
                     self._finalize(*item[1:])
                     return
