@@ -564,16 +564,14 @@ class JaxlogFixture:
         result = None
         try:
             result = jl_run(step, state, steps, **kwargs)
-        except AssertionError as e:  # InvariantViolation
-            self._collect(writer, window, None, stem)
+        except BaseException as e:  # InvariantViolation (an AssertionError: a test failure) or anything else
+            partial = getattr(e, "jaxlog_run", None)
+            self._collect(writer, window, partial, stem)
             if own_timeline:
                 self._write_timeline(timeline, self.dir / f"{stem}.pftrace", stem)
-            self._on_violation(e)
-            raise
-        except BaseException:
-            self._collect(writer, window, None, stem)
-            if own_timeline:
-                self._write_timeline(timeline, self.dir / f"{stem}.pftrace", stem)
+            self._note_timings(partial)
+            if isinstance(e, AssertionError) and hasattr(e, "invariant"):
+                self._on_violation(e)
             raise
         self._collect(writer, window, result, stem)
         if own_timeline:
@@ -630,10 +628,11 @@ class JaxlogFixture:
     def check_golden(self, run: Any, name: str | None = None, *, rtol: float = 1e-7, atol: float = 0.0,
                      records: Any = None) -> str:
         """Compare ``run`` with ``<jaxlog_golden_dir>/<test id>[-name].h5``; ``--jaxlog-regen`` (re)writes it."""
-        from ._golden import check_golden
+        from ._golden import check_golden, golden_name
 
-        stem = safe_name(self._state.nodeid) + (f"-{name}" if name else "")
-        path = self._session.golden_dir / f"{stem}.h5"
+        if name is not None and not re.fullmatch(r"[A-Za-z0-9_.\-]+", str(name)):
+            raise JaxlogError(f"check_golden(name={name!r}): use letters, digits, '_', '-', '.' (it names a file)")
+        path = self._session.golden_dir / golden_name(self._state.nodeid, suffix=f"-{name}.h5" if name else ".h5")
         status = check_golden(run, path, regen=self._session.regen, rtol=rtol, atol=atol, records=records)
         self._state.goldens.append({"path": str(path), "status": status})
         if status == "regenerated":

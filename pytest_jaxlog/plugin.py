@@ -26,6 +26,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(parser)
 
 
+@pytest.hookimpl(trylast=True)  # after conftests' pytest_configure, which may set defaults (examples/conftest.py)
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",

@@ -1,0 +1,191 @@
+"""The ``jaxlog`` fixture running real kernels through pytester: files per run, violations as failures
+(or warnings), report section and JUnit properties with real artifacts, the profile window from the
+marker, the recorder, and golden checks with ``--jaxlog-regen``. In-process runs share one jax."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+
+import h5py  # noqa: F401  (imported before pytester's inline runs snapshot sys.modules)
+import jax  # noqa: F401
+import numpy  # noqa: F401
+import pytest
+
+import pytest_jaxlog as jl
+
+# pytester's in-process runs drop modules first imported inside them; import every jaxlog module now
+# so that classes (jl.Record, ...) stay the same objects across runs.
+for _name in jl.__all__:
+    getattr(jl, _name)
+
+pytest_plugins = ["pytester"]
+
+KERNEL = """
+import jax.numpy as jnp
+import pytest
+import pytest_jaxlog as jl
+
+def rotate(s):
+    x, v = s
+    return (x + 0.01 * v, v - 0.01 * (x + 0.01 * v))
+
+def explode(s):
+    return (s[0] * 1.5, s[1])
+
+def energy(s):
+    x, v = s
+    return 0.5 * jnp.sum(x * x + v * v)
+
+STATE = (jnp.linspace(0.0, 1.0, 8), jnp.zeros(8))
+"""
+
+SUITE = KERNEL + """
+def test_runs(jaxlog):
+    inv = [jl.finite("energy"), jl.conserved("energy", rtol=0.05)]
+    a = jaxlog.run(rotate, STATE, 50, record={"energy": energy}, invariants=inv)
+    b = jaxlog.run(rotate, a.state, 10, record={"energy": energy})
+    c = jaxlog.run(rotate, STATE, 5, record={"x": lambda s: s[0]}, name="positions")
+    assert a.steps_done == 50 and a.violation is None
+    names = sorted(p.name for p in jaxlog.dir.iterdir() if p.suffix == ".h5")
+    assert names == ["positions.h5", "trajectory-1.h5", "trajectory.h5"]
+    assert jaxlog.artifacts["trajectory"] == jaxlog.dir / "trajectory.h5"
+    assert jaxlog.artifacts["trajectory-1:trajectory"] == jaxlog.dir / "trajectory-1.h5"
+    assert jaxlog.artifacts["positions:trajectory"] == jaxlog.dir / "positions.h5"
+    assert jaxlog.artifacts["timeline"].suffix == ".pftrace" and jaxlog.artifacts["timeline"].exists()
+    traj = jaxlog.load()
+    assert traj.status == "complete" and traj.steps_done == 50 and len(traj["energy"]) == 51
+    assert jaxlog.load("positions")["x"].shape == (6, 8)
+    with pytest.raises(jl.JaxlogError, match="already used"):
+        jaxlog.run(rotate, STATE, 1, name="positions")
+
+def test_violation(jaxlog):
+    jaxlog.run(explode, STATE, 20, record={"energy": energy}, invariants=[jl.conserved("energy", rtol=0.1)])
+
+@pytest.mark.jaxlog(on_violation="warn")
+def test_warn(jaxlog):
+    with pytest.warns(jl.JaxlogRuntimeWarning):
+        run = jaxlog.run(explode, STATE, 20, record={"energy": energy}, invariants=[jl.conserved("energy", rtol=0.1)])
+    assert run.violation is not None and run.violation.step == 1
+
+@pytest.mark.jaxlog(profile=(2, 4))
+def test_profile(jaxlog):
+    run = jaxlog.run(rotate, STATE, 10, record={"energy": energy})
+    assert len(run.timings.window) == 3
+    trace = jl.load_trace(jaxlog.artifacts["jax_trace"])
+    assert sorted(trace.steps()) == [2, 3, 4]
+
+def test_recorder(jaxlog):
+    rec = jaxlog.recorder({"energy": energy})
+    s = STATE
+    with rec:
+        for k in range(6):
+            rec.log(s, k)
+            s = rotate(s)
+    assert jaxlog.load().steps("energy").tolist() == [0, 1, 2, 3, 4, 5]
+"""
+
+
+def _props(xml_path):
+    root = ET.parse(xml_path).getroot()
+    out = {}
+    for case in root.iter("testcase"):
+        props: dict[str, list[str]] = {}
+        for p in case.iter("property"):
+            props.setdefault(p.get("name"), []).append(p.get("value"))
+        out[case.get("name")] = (props, [c.tag for c in case])
+    return out
+
+
+def test_fixture_runs_violations_sections_and_junit(pytester):
+    pytester.makepyfile(test_suite=SUITE)
+    result = pytester.runpytest("--junitxml=out.xml", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=4, failed=1)
+    text = result.stdout.str()
+    # the violation fails the test as a failure with the invariant's message, and a jaxlog section
+    result.stdout.fnmatch_lines(["*InvariantViolation*conserved(energy*", "*- jaxlog -*", "violation: *conserved(energy*",
+                                 "artifacts: .jaxlog/test_suite.py__test_violation",
+                                 "  trajectory: .jaxlog/test_suite.py__test_violation/trajectory.h5"])
+    assert "FAILED test_suite.py::test_violation" in text
+    props = _props(pytester.path / "out.xml")
+    vprops, vtags = props["test_violation"]
+    assert "failure" in vtags and "error" not in vtags
+    assert vprops["jaxlog.trajectory"] == [".jaxlog/test_suite.py__test_violation/trajectory.h5"]
+    assert any(v.endswith(".pftrace") for v in vprops["jaxlog.trace"])
+    assert int(vprops["jaxlog.compiles"][0]) >= 1
+    passed_props, _ = props["test_runs"]
+    assert "jaxlog.trajectory" not in passed_props  # removed: keep=failed
+    traj = jl.load(pytester.path / ".jaxlog/test_suite.py__test_violation/trajectory.h5")
+    assert traj.status == "violated" and traj.violation["step"] == 1
+    doc = json.loads((pytester.path / ".jaxlog/manifest.json").read_text())
+    entry = {e["nodeid"]: e for e in doc["tests"]}["test_suite.py::test_violation"]
+    assert entry["violations"][0]["invariant"].startswith("conserved(energy")
+    assert entry["artifacts"]["trajectory"] == "test_suite.py__test_violation/trajectory.h5"
+
+    # the same test passes with a warning under --jaxlog-on-violation=warn
+    result = pytester.runpytest("-k", "test_violation", "--jaxlog-on-violation=warn", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*JaxlogRuntimeWarning*conserved(energy*"])
+
+
+GOLDEN = KERNEL + """
+def test_golden(jaxlog):
+    run = jaxlog.run(rotate, STATE, 20, record={"energy": energy, "x": jl.Record(lambda s: s[0], every=5)})
+    assert jaxlog.check_golden(run, rtol=1e-6) == "ok"
+"""
+
+
+def test_golden_missing_regen_ok_and_changed(pytester):
+    pytester.makepyfile(test_g=GOLDEN)
+    golden = pytester.path / "fixtures/golden/test_g.test_golden.h5"
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*does not exist*--jaxlog-regen*"])
+    assert not golden.exists()
+
+    pytester.makepyfile(test_g=GOLDEN.replace('== "ok"', 'in ("ok", "regenerated")'))
+    result = pytester.runpytest("-p", "no:cacheprovider", "--jaxlog-regen")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*regenerated 1 golden trajectories (--jaxlog-regen):*",
+                                 "  fixtures/golden/test_g.test_golden.h5"])
+    assert golden.exists()
+
+    pytester.makepyfile(test_g=GOLDEN)
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+    pytester.makepyfile(test_g=GOLDEN.replace("0.01 * v", "0.0101 * v"))
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*--jaxlog-regen*"])
+
+
+@pytest.mark.parametrize("profile", ["10:12"])
+def test_profile_option_and_hypothesis_factory_with_runs(pytester, profile):
+    pytester.makepyfile(
+        test_h=KERNEL
+        + """
+from hypothesis import given, settings, strategies as st
+
+@settings(max_examples=6, database=None, derandomize=True, deadline=None)
+@given(st.integers(1, 30))
+def test_property(jaxlog_factory, n):
+    with jaxlog_factory() as jaxlog:
+        run = jaxlog.run(rotate if n < 8 else explode, STATE, n, record={"energy": energy},
+                         invariants=[jl.conserved("energy", rtol=0.1)], profile=None)
+        assert run.steps_done == n
+
+def test_option_window(jaxlog):
+    run = jaxlog.run(rotate, STATE, 20, record={"energy": energy})
+    assert len(run.timings.window) == 3
+"""
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", f"--jaxlog-profile={profile}")
+    result.assert_outcomes(passed=1, failed=1)
+    assert "FailedHealthCheck" not in result.stdout.str()
+    doc = json.loads((pytester.path / ".jaxlog/manifest.json").read_text())
+    entry = {e["nodeid"]: e for e in doc["tests"]}["test_h.py::test_property"]
+    assert entry["kept"] and entry["violations"]
+    kept = list((pytester.path / ".jaxlog" / entry["dir"]).iterdir())
+    assert len(kept) == 1 and (kept[0] / "trajectory.h5").exists()
+    traj = jl.load(kept[0] / "trajectory.h5")
+    assert traj.status == "violated"
