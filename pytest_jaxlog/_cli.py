@@ -152,7 +152,9 @@ def cmd_info(args) -> int:
         print(json.dumps(desc, indent=2, default=str))
         return 0
     print(f"{args.file}")
-    print(f"  status: {desc['status']}   steps done: {desc['steps_done']}")
+    note = "  (not closed: the run was killed or is still going; frames flushed so far are here)" \
+        if desc["status"] == "running" else ""
+    print(f"  status: {desc['status']}   steps done: {desc['steps_done']}{note}")
     v = desc["violation"]
     if v:
         msg = v.get("message") if isinstance(v, dict) else None
@@ -168,6 +170,14 @@ def cmd_info(args) -> int:
         shape = "(" + ", ".join(map(str, x["shape"])) + ("," if len(x["shape"]) == 1 else "") + ")"
         dtype = x["dtype"] + (f" (key {x['key_impl']})" if x["key_impl"] else "")
         print(f"    {x['path']:<{w}}  {dtype:<9} {shape:<14} {x['steps']}")
+    try:
+        post = traj.postmortem or {}
+    except Exception:  # an unreadable attachment must not hide the rest
+        post = {}
+    if post:
+        steps = sorted(post)
+        paths = sorted({p for tree in post.values() for p in tree})
+        print(f"  postmortem states: steps {', '.join(map(str, steps))} ({', '.join(paths)})")
     prov = desc["provenance"]
     if prov:
         print("  provenance:")

@@ -101,6 +101,7 @@ def test_info(files):
     assert r.returncode == 0, r.stderr
     assert "status: violated   steps done: 0" in r.stdout
     assert "violation: [jaxlog] invariant energy_below_6.5 violated at step 0" in r.stdout
+    assert "postmortem states: steps 0 (state/" in r.stdout
     r = cli("info", "--json", files / "a.h5")
     doc = json.loads(r.stdout)
     assert [x["path"] for x in doc["records"]] == ["energy", "x"] and doc["records"][1]["frames"] == 9
