@@ -59,7 +59,7 @@ def test_no_recompilation(jaxlog):
 @pytest.mark.xfail(raises=jl.InvariantViolation, strict=True,
                    reason="dt=0.03 is too large for velocity Verlet in this LJ liquid: energy blows up")
 def test_broken_timestep_is_caught(jaxlog):
-    """The artifacts of this expected failure are kept: open .jaxlog/examples.test_lj.py__test_broken_*
+    """The artifacts of this expected failure are kept: open .jaxlog/examples.test_lj.test_broken_timestep_is_caught/
     to see the trajectory up to the violating step and the post-mortem states."""
     step, state, energies = make_lj(n_side=4, dt=0.03)
     jaxlog.run(step, state, 500, record=lj_records(energies),

@@ -188,19 +188,13 @@ def marker_settings(item: pytest.Item, base: Settings) -> Settings:
 # ---------------------------------------------------------------------------------------------
 # paths
 
-_SAFE = re.compile(r"[^A-Za-z0-9_.=,+\-\[\]]")
-MAX_NAME = 100
-
-
 def safe_name(nodeid: str) -> str:
-    """A file name for a node id: readable, and unique (hash suffix) when characters were replaced or cut."""
-    readable = nodeid.replace("::", "__").replace("/", ".")
-    name = _SAFE.sub("_", readable)
-    lossy = name != readable or "__" in nodeid.replace("::", "") or ".." in name
-    if lossy or len(name) > MAX_NAME:
-        digest = hashlib.sha1(nodeid.encode()).hexdigest()[:10]
-        name = f"{name[:MAX_NAME].rstrip('.')}-{digest}"
-    return name
+    """The artifact directory name of a test: the same name its golden file gets (``golden_name``), e.g.
+    ``examples/test_lj.py::test_nve[64]`` -> ``examples.test_lj.test_nve-64``; replaced characters or
+    long ids add a hash of the node id, so names stay unique (parametrize ids, xdist)."""
+    from ._golden import golden_name  # lazy: numpy; the plugin module stays light
+
+    return golden_name(nodeid, suffix="")
 
 
 def _rel(path: Path, base: Path) -> str:
@@ -229,7 +223,8 @@ class TestState:
     goldens: list[dict] = field(default_factory=list)
     examples: int = 0
     kept_example: Path | None = None
-    reports: dict[str, pytest.TestReport] = field(default_factory=dict)
+    violation_objs: list = field(default_factory=list)
+    fixtures: list = field(default_factory=list)  # JaxlogFixture objects of this test (refreshed for reports)
 
     def add_artifacts(self, artifacts: dict[str, Path], label: str) -> None:
         """Keys: the kind for the test's first run, ``<label>:<kind>`` for the others."""
@@ -349,6 +344,18 @@ class JaxlogSession:
             "worker": (self.worker or {}).get("workerid"),
         }
 
+    def note_failure(self, item: pytest.Item, excinfo: Any) -> None:
+        """Before the call report: gather what open recorders wrote and the violation that failed the test."""
+        state = item.stash.get(STATE_KEY, None)
+        if state is None:
+            return
+        for fx in list(state.fixtures):
+            fx.refresh()
+        exc = getattr(excinfo, "value", None)
+        if isinstance(exc, AssertionError) and hasattr(exc, "invariant") and hasattr(exc, "to_json"):
+            if state.fixtures:
+                state.fixtures[-1]._on_violation(exc)
+
     def section(self, item: pytest.Item) -> str | None:
         state = item.stash.get(STATE_KEY, None)
         if state is None:
@@ -452,6 +459,7 @@ class JaxlogFixture:
         self._timelines: list[tuple[Any, Path]] = []
         self.artifacts: dict[str, Path] = {}
         self.runs: list[Any] = []
+        state.fixtures.append(self)
 
     # -- paths -----------------------------------------------------------------------------------
     @property
@@ -516,8 +524,9 @@ class JaxlogFixture:
         self._add({"timeline": Path(written or path)}, stem)
 
     def _on_violation(self, violation: Any) -> None:
-        if violation is None:
+        if violation is None or any(v is violation for v in self._state.violation_objs):
             return
+        self._state.violation_objs.append(violation)
         try:
             if self.artifacts and hasattr(violation, "with_artifacts"):
                 violation.with_artifacts({k: self._session.display(p) for k, p in self.artifacts.items()})
@@ -649,24 +658,28 @@ class JaxlogFixture:
         stem = name or "trajectory"
         return load(self.dir / f"{stem}.h5")
 
+    def refresh(self) -> None:
+        """Gather the files and violations of recorders and windows so far (idempotent)."""
+        for kind, obj, writer, stem, _ in self._open:
+            if kind == "recorder":
+                self._collect(writer, None, obj, stem)
+                self._on_violation(getattr(obj, "violation", None))
+            else:
+                self._collect(None, obj, None, stem)
+
     def close(self) -> None:
-        """Exit recorders/windows the test left open, write timelines, gather artifacts."""
-        errors = []
-        for kind, obj, writer, stem, tl in reversed(self._open):
-            try:
+        """Gather artifacts of recorders/windows, write timelines (the test's `with` blocks closed them)."""
+        try:
+            self.refresh()
+            for kind, obj, _, _, _ in self._open:
                 if kind == "recorder":
-                    self._collect(writer, None, obj, stem)
                     self._note_timings(obj)
-                    self._on_violation(getattr(obj, "violation", None))
-                else:
-                    self._collect(None, obj, None, stem)
-            except BaseException as e:  # noqa: BLE001 - surfaced below
-                errors.append(e)
-        self._open.clear()
-        for tl, path in list(self._timelines):
-            self._write_timeline(tl, path, path.stem)
-        if errors:
-            raise errors[0]
+        finally:
+            self._open.clear()
+            for tl, path in list(self._timelines):
+                self._write_timeline(tl, path, path.stem)
+            if self in self._state.fixtures:
+                self._state.fixtures.remove(self)
 
 
 class JaxlogFactory:

@@ -10,6 +10,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+import pytest_jaxlog._golden  # noqa: F401  (numpy: imported before pytester's in-process runs snapshot sys.modules)
+
 pytest_plugins = ["pytester"]
 
 WRITE_FILE = """

@@ -104,23 +104,23 @@ def test_fixture_runs_violations_sections_and_junit(pytester):
     text = result.stdout.str()
     # the violation fails the test as a failure with the invariant's message, and a jaxlog section
     result.stdout.fnmatch_lines(["*InvariantViolation*conserved(energy*", "*- jaxlog -*", "violation: *conserved(energy*",
-                                 "artifacts: .jaxlog/test_suite.py__test_violation",
-                                 "  trajectory: .jaxlog/test_suite.py__test_violation/trajectory.h5"])
+                                 "artifacts: .jaxlog/test_suite.test_violation",
+                                 "  trajectory: .jaxlog/test_suite.test_violation/trajectory.h5"])
     assert "FAILED test_suite.py::test_violation" in text
     props = _props(pytester.path / "out.xml")
     vprops, vtags = props["test_violation"]
     assert "failure" in vtags and "error" not in vtags
-    assert vprops["jaxlog.trajectory"] == [".jaxlog/test_suite.py__test_violation/trajectory.h5"]
+    assert vprops["jaxlog.trajectory"] == [".jaxlog/test_suite.test_violation/trajectory.h5"]
     assert any(v.endswith(".pftrace") for v in vprops["jaxlog.trace"])
     assert int(vprops["jaxlog.compiles"][0]) >= 1
     passed_props, _ = props["test_runs"]
     assert "jaxlog.trajectory" not in passed_props  # removed: keep=failed
-    traj = jl.load(pytester.path / ".jaxlog/test_suite.py__test_violation/trajectory.h5")
+    traj = jl.load(pytester.path / ".jaxlog/test_suite.test_violation/trajectory.h5")
     assert traj.status == "violated" and traj.violation["step"] == 1
     doc = json.loads((pytester.path / ".jaxlog/manifest.json").read_text())
     entry = {e["nodeid"]: e for e in doc["tests"]}["test_suite.py::test_violation"]
     assert entry["violations"][0]["invariant"].startswith("conserved(energy")
-    assert entry["artifacts"]["trajectory"] == "test_suite.py__test_violation/trajectory.h5"
+    assert entry["artifacts"]["trajectory"] == "test_suite.test_violation/trajectory.h5"
 
     # the same test passes with a warning under --jaxlog-on-violation=warn
     result = pytester.runpytest("-k", "test_violation", "--jaxlog-on-violation=warn", "-p", "no:cacheprovider")
@@ -189,3 +189,22 @@ def test_option_window(jaxlog):
     assert len(kept) == 1 and (kept[0] / "trajectory.h5").exists()
     traj = jl.load(kept[0] / "trajectory.h5")
     assert traj.status == "violated"
+
+
+def test_recorder_violation_in_section(pytester):
+    pytester.makepyfile(
+        test_r=KERNEL
+        + """
+def test_loop(jaxlog):
+    s = STATE
+    with jaxlog.recorder({"energy": energy}, invariants=[jl.conserved("energy", rtol=0.1)], flush_every=1) as rec:
+        for k in range(10):
+            rec.log(s, k)
+            s = explode(s)
+"""
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*- jaxlog -*", "violation: *conserved(energy, rtol=0.1) violated at step 1*",
+                                 "artifacts: .jaxlog/test_r.test_loop", "  trajectory: *trajectory.h5"])
+    assert jl.load(pytester.path / ".jaxlog/test_r.test_loop/trajectory.h5").status == "violated"
