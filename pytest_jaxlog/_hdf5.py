@@ -42,9 +42,10 @@ from ._frames import FORMAT_VERSION, Frames, Schema
 from ._sink import STATUSES
 
 LIBVER = ("v108", "v108")
-_CHUNK_BYTES = 1 << 20  # target chunk size of value datasets
+_CHUNK_BYTES = 1 << 19  # target chunk size of value datasets (fits the 1 MiB chunk cache)
 _POLL_S = 0.05  # how often a blocked caller re-checks that the writer thread is alive
 _LIVE: "weakref.WeakSet[HDF5Writer]" = weakref.WeakSet()
+_EMPTY_STEPS = np.zeros(0, dtype=np.int64)
 
 
 def _json(value: Any) -> str:
@@ -59,6 +60,34 @@ def _json_default(obj: Any) -> Any:
     if isinstance(obj, Path):
         return str(obj)
     return repr(obj)
+
+
+class _Column:
+    """Appends rows to one resizable dataset through the low-level h5py API, caching the memory
+    type and dataspaces: the high-level ``resize`` + ``__setitem__`` pair re-derives them per call
+    and costs ~5x more, which dominates the small batches a fast kernel produces."""
+
+    __slots__ = ("ds", "dsid", "mtype", "spaces")
+
+    def __init__(self, ds: h5py.Dataset):
+        self.ds, self.dsid = ds, ds.id
+        self.mtype = None
+        self.spaces: dict[tuple, Any] = {}
+
+    def append(self, old: int, arr: np.ndarray) -> None:
+        n = arr.shape[0]
+        dsid = self.dsid
+        dsid.set_extent((old + n, *arr.shape[1:]))
+        if arr.size == 0:
+            return
+        if self.mtype is None:
+            self.mtype = h5py.h5t.py_create(arr.dtype)
+        mspace = self.spaces.get(arr.shape)
+        if mspace is None:
+            mspace = self.spaces[arr.shape] = h5py.h5s.create_simple(arr.shape)
+        fspace = dsid.get_space()
+        fspace.select_hyperslab((old,) + (0,) * (arr.ndim - 1), arr.shape)
+        dsid.write(mspace, fspace, arr, mtype=self.mtype)
 
 
 def _chunk_rows(frame_bytes: int) -> int:
@@ -149,11 +178,30 @@ class HDF5Writer:
             raise WriterError(f"HDF5Writer({self.path}) is {self._state}, cannot write")
         assert self.schema is not None
         check_frames(self.schema, frames, self._last_steps)
+        self._check_groups(frames)
         last = frames.last_step
         if last is None:
             return
         self._max_step = max(self._max_step, last)
         self._put(("frames", frames))
+
+    def _check_groups(self, frames: Frames) -> None:
+        """Leaves sharing step datasets must arrive together, with the same steps."""
+        for paths, *_ in self._groups.values():
+            if len(paths) == 1:
+                continue
+            ref = None
+            for path in paths:
+                steps = frames.steps.get(path)
+                if steps is None:
+                    steps = _EMPTY_STEPS
+                if ref is None:
+                    ref, ref_path = steps, path
+                elif steps is not ref and not np.array_equal(steps, ref):
+                    raise JaxlogError(
+                        f"records {ref_path!r} and {path!r} (one view, one schedule) must be written together "
+                        f"with the same steps; got {len(ref)} and {len(steps)} steps in one batch"
+                    )
 
     def attach(self, name: str, step: int, tree: dict[str, np.ndarray]) -> None:
         self._raise_pending()
@@ -263,7 +311,9 @@ class HDF5Writer:
         creator.attrs["name"] = "pytest-jaxlog"
         creator.attrs["version"] = __version__
         obs = f.create_group("observables")
-        self._dsets: dict[str, tuple[h5py.Dataset, h5py.Dataset | None, h5py.Dataset]] = {}
+        self._dsets: dict[str, h5py.Dataset] = {}
+        # (record, schedule) -> [leaf paths, step dataset, time dataset or None, rows written]
+        self._groups: dict[tuple, list] = {}
         for leaf in schema.leaves:
             g = obs.create_group(leaf.path)
             stored, dname = storage_dtype(leaf.dtype)
@@ -282,12 +332,22 @@ class HDF5Writer:
                 value.attrs[DTYPE_ATTR] = dname
             if leaf.key_impl is not None:
                 value.attrs[KEY_IMPL_ATTR] = leaf.key_impl
-            srows = max(rows, 1024)
-            step = g.create_dataset("step", shape=(0,), maxshape=(None,), dtype=np.int64, chunks=(srows,))
-            tds = None
-            if schema.dt is not None:
-                tds = g.create_dataset("time", shape=(0,), maxshape=(None,), dtype=np.float64, chunks=(srows,))
-            self._dsets[leaf.path] = (step, tds, value)
+            self._dsets[leaf.path] = _Column(value)
+            # Leaves of one view with one schedule share their step/time datasets (H5MD allows
+            # hard-linked step/time): fewer HDF5 calls per batch, which dominate small batches.
+            key = (leaf.record, _json(leaf.schedule.to_json()))
+            group = self._groups.get(key)
+            if group is None:
+                step = g.create_dataset("step", shape=(0,), maxshape=(None,), dtype=np.int64, chunks=(4096,))
+                tds = None
+                if schema.dt is not None:
+                    tds = g.create_dataset("time", shape=(0,), maxshape=(None,), dtype=np.float64, chunks=(4096,))
+                self._groups[key] = group = [[], _Column(step), None if tds is None else _Column(tds), 0]
+            else:
+                g["step"] = group[1].ds
+                if group[2] is not None:
+                    g["time"] = group[2].ds
+            group[0].append(leaf.path)
         for group, mapping in self.particles.items():
             pg = f.require_group("particles").create_group(group)
             for name, path in mapping.items():
@@ -363,30 +423,30 @@ class HDF5Writer:
         t0 = time.perf_counter_ns()
         nbytes = nframes = 0
         dt = self.schema.dt if self.schema is not None else None
-        for path in frames:
-            steps = frames.steps[path]
-            n = len(steps)
-            if n == 0:
+        for group in self._groups.values():
+            paths, step_ds, time_ds, old = group
+            first = next((p for p in paths if p in frames.steps and len(frames.steps[p])), None)
+            if first is None:
                 continue
-            values = frames.values[path]
-            step_ds, time_ds, value_ds = self._dsets[path]
+            steps = frames.steps[first]
+            n = len(steps)
+            path = first
             try:
-                old = value_ds.shape[0]
-                new = old + n
-                value_ds.resize(new, axis=0)
-                value_ds[old:new] = encode(np.ascontiguousarray(values))
+                for path in paths:
+                    values = frames.values[path]
+                    self._dsets[path].append(old, encode(np.ascontiguousarray(values)))
+                    nbytes += values.nbytes
+                    nframes += n
                 if time_ds is not None:
-                    time_ds.resize(new, axis=0)
-                    time_ds[old:new] = steps * dt
-                step_ds.resize(new, axis=0)  # step last: a frame counts once its step is there
-                step_ds[old:new] = steps
+                    time_ds.append(old, np.ascontiguousarray(steps * dt, dtype=np.float64))
+                # step last: a frame counts (for the reader) once its step is there
+                step_ds.append(old, np.ascontiguousarray(steps, dtype=np.int64))
+                group[3] = old + n
             except Exception as exc:
                 raise WriterError(
                     f"writing record {path!r} (steps {int(steps[0])}..{int(steps[-1])}) to {self.path} failed: "
                     f"{type(exc).__name__}: {exc}"
                 ) from exc
-            nbytes += values.nbytes
-            nframes += n
             self._written_step = max(self._written_step, int(steps[-1]))
         self.stats["batches"] += 1
         self.stats["frames"] += nframes
