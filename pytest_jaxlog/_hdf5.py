@@ -182,6 +182,7 @@ class HDF5Writer:
         last = frames.last_step
         if last is None:
             return
+        self._check_alive()
         self._max_step = max(self._max_step, last)
         self._put(("frames", frames))
 
@@ -264,6 +265,14 @@ class HDF5Writer:
             self._error_raised = True
             raise err
 
+    def _check_alive(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            err = WriterError(f"the writer thread of {self.path} died; frames after step {self._max_step} were not written")
+            err.__cause__ = self._error
+            self._set_error(err)
+            self._raise_pending()
+            raise err
+
     def _put(self, item: tuple, check_error: bool = True) -> None:
         q = self._queue
         try:
@@ -275,7 +284,7 @@ class HDF5Writer:
                     self._raise_pending()
                 if self._thread is None or not self._thread.is_alive():
                     if check_error:
-                        raise WriterError(f"the writer thread of {self.path} is not running") from self._error
+                        self._check_alive()
                     return
                 try:
                     q.put(item, timeout=_POLL_S)

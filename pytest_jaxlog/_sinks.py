@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ._dtypes import check_frames, check_leaf_dtype
+from ._dtypes import check_frames, check_leaf_dtype, to_host
 from ._errors import JaxlogError, WriterError
 from ._frames import Frames, Schema
 
@@ -46,7 +46,7 @@ class MemorySink:
                 self._values[path].append(frames.values[path])
 
     def attach(self, name: str, step: int, tree: dict[str, np.ndarray]) -> None:
-        self.attachments.setdefault(name, {})[int(step)] = {k: np.array(v) for k, v in tree.items()}
+        self.attachments.setdefault(name, {})[int(step)] = {k: to_host(v, k)[0] for k, v in tree.items()}
 
     def close(self, status: str, *, steps_done: int, violation: dict | None = None) -> None:
         self.status, self.steps_done, self.violation = status, int(steps_done), violation

@@ -311,3 +311,23 @@ def test_slow_writer_keeps_memory_bounded(tmp_path):
     assert w.stats["max_queue"] <= queue_size and w.stats["blocked_s"] > 0  # the producer did wait
     traj = load(tmp_path / "t.h5")
     assert traj["state/x", -1][0, 0] == n_batches - 1 and len(traj.steps("state/x")) == n_batches * frames_per_batch
+
+
+class DyingWriter(HDF5Writer):
+    """The writer thread itself dies (not an error it could catch and keep)."""
+
+    def _run(self):
+        raise SystemExit
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_dead_writer_thread_raises_on_write_and_close_finishes_the_file(tmp_path):
+    schema = simple_schema()
+    w = DyingWriter(tmp_path / "t.h5")
+    w.open(schema, {})
+    w._thread.join(GUARD_S)
+    with pytest.raises(jl.WriterError, match=r"writer thread of .*t\.h5 died"):
+        w.write(frames_for(schema, 0, 3))
+    no_hang(w.close, "complete")
+    traj = load(tmp_path / "t.h5")
+    assert traj.status == "failed" and "died" in traj.writer_error
