@@ -74,6 +74,9 @@ def test_profile(jaxlog):
     assert len(run.timings.window) == 3
     trace = jl.load_trace(jaxlog.artifacts["jax_trace"])
     assert sorted(trace.steps()) == [2, 3, 4]
+    other = jaxlog.run(rotate, STATE, 6, record={"energy": energy}, profile=(1, 2), name="second")
+    assert len(other.timings.window) == 2
+    assert sorted(jl.load_trace(jaxlog.artifacts["second:jax_trace"]).steps()) == [1, 2]
 
 def test_recorder(jaxlog):
     rec = jaxlog.recorder({"energy": energy})
