@@ -204,14 +204,16 @@ class HDF5Writer:
                         f"with the same steps; got {len(ref)} and {len(steps)} steps in one batch"
                     )
 
-    def attach(self, name: str, step: int, tree: dict[str, np.ndarray]) -> None:
+    def attach(self, name: str, step: int, tree: dict[str, np.ndarray], *, key_impls: dict[str, str] | None = None) -> None:
+        """Store a snapshot; typed key arrays are stored as key data with their impl (``key_impls``
+        names the impl of arrays that already are key data)."""
         self._raise_pending()
         if self._state != "open":
             raise WriterError(f"HDF5Writer({self.path}) is {self._state}, cannot attach {name!r}")
         host = {}
         for path, leaf in tree.items():
             arr, impl = to_host(leaf, path)
-            host[path] = (arr, impl)
+            host[path] = (arr, impl or (key_impls or {}).get(path))
         self._put(("attach", str(name), int(step), host))
 
     def flush(self) -> None:

@@ -24,6 +24,7 @@ class MemorySink:
         self.steps_done = 0
         self.violation: dict | None = None
         self.attachments: dict[str, dict[int, dict[str, np.ndarray]]] = {}
+        self.attachment_key_impls: dict[str, dict[str, str]] = {}  # name -> path -> PRNG impl
         self._steps: dict[str, list[np.ndarray]] = {}
         self._values: dict[str, list[np.ndarray]] = {}
         self._last_steps: dict[str, int] = {}
@@ -46,7 +47,12 @@ class MemorySink:
                 self._values[path].append(frames.values[path])
 
     def attach(self, name: str, step: int, tree: dict[str, np.ndarray]) -> None:
-        self.attachments.setdefault(name, {})[int(step)] = {k: to_host(v, k)[0] for k, v in tree.items()}
+        snapshot = {}
+        for k, v in tree.items():
+            snapshot[k], impl = to_host(v, k)
+            if impl is not None:
+                self.attachment_key_impls.setdefault(name, {})[k] = impl
+        self.attachments.setdefault(name, {})[int(step)] = snapshot
 
     def close(self, status: str, *, steps_done: int, violation: dict | None = None) -> None:
         self.status, self.steps_done, self.violation = status, int(steps_done), violation

@@ -96,6 +96,7 @@ class Trajectory:
         self._frames = frames  # in memory; None for files
         self._attachments = attachments  # in memory; None for files
         self._lengths: dict[str, int] | None = None
+        self._attachment_impls: dict[str, dict[str, str]] = {}
 
     # -- metadata ----------------------------------------------------------------------------
     @property
@@ -260,7 +261,7 @@ class Trajectory:
     def attachment_key_impls(self, name: str) -> dict[str, str]:
         """PRNG impl per attachment path whose array is key data."""
         if self._attachments is not None or self.path is None:
-            return {}
+            return dict(self._attachment_impls.get(name, {}))
         out: dict[str, str] = {}
         with _open(self.path) as f:
             root = f.get(f"jaxlog/attachments/{name}")
@@ -299,8 +300,9 @@ class Trajectory:
                     root = f.get("jaxlog/attachments")
                     names = set(root) if root is not None else set()
             for name in sorted(names):
+                impls = self.attachment_key_impls(name)
                 for step, tree in self.attachment(name).items():
-                    writer.attach(name, step, tree)
+                    writer.attach(name, step, tree, key_impls=impls)
         except BaseException:
             writer.close("failed", steps_done=self.steps_done)
             raise
@@ -320,7 +322,9 @@ class Trajectory:
             "meta": meta,
             "provenance": meta.get("provenance"),
         }
-        return cls(sink.schema, info, frames=sink.frames(), attachments=dict(sink.attachments))
+        traj = cls(sink.schema, info, frames=sink.frames(), attachments=dict(sink.attachments))
+        traj._attachment_impls = {k: dict(v) for k, v in getattr(sink, "attachment_key_impls", {}).items()}
+        return traj
 
 
 def load(path: str | os.PathLike) -> Trajectory:

@@ -47,7 +47,10 @@ def schemas(draw):
             paths = [f"{name}/{k}/{m}" for k in draw(st.sets(st.sampled_from("ab"), min_size=1))
                      for m in draw(st.sets(st.sampled_from(["u", "v", "value", "step"]), min_size=1))]
         sched = draw(schedules)
+        per_leaf = draw(st.integers(0, 3)) == 0  # leaves of one record on different schedules
         for p in sorted(paths):
+            if per_leaf:
+                sched = draw(schedules)
             shape = draw(shapes)
             if batched:
                 shape = (n_sys, *shape)
@@ -228,6 +231,10 @@ def test_key_records_wrap_back_into_typed_keys(tmp_path):
     np.testing.assert_array_equal(pm[3]["state/key"], data[3])
     assert pm[3]["state/x"].dtype == ml_dtypes.bfloat16
     assert traj.attachment_key_impls("postmortem") == {"state/key": "threefry2x32"}
+    copy = load(traj.save(tmp_path / "copy.h5"))
+    assert copy.key_impl("key") == "threefry2x32"
+    np.testing.assert_array_equal(copy.postmortem[3]["state/key"], data[3])
+    assert copy.attachment_key_impls("postmortem") == {"state/key": "threefry2x32"}
 
 
 def test_object_and_string_leaves_rejected_naming_the_record(tmp_path):

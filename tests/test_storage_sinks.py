@@ -171,6 +171,13 @@ def test_check_leaf_dtype_and_to_host():
     assert impl == "threefry2x32" and arr.dtype == np.uint32 and arr.shape == (2,)
     arr, impl = to_host(jax.numpy.ones(3, jax.numpy.bfloat16), "b")
     assert impl is None and arr.dtype == ml_dtypes.bfloat16
+    sink = MemorySink()
+    sink.open(simple_schema(), {})
+    sink.attach("postmortem", 5, {"state/key": jax.random.key(3), "state/x": jax.numpy.zeros(3)})
+    sink.close("failed", steps_done=5)
+    traj = Trajectory.from_sink(sink)
+    assert traj.postmortem[5]["state/key"].dtype == np.uint32
+    assert traj.attachment_key_impls("postmortem") == {"state/key": "threefry2x32"}
 
 
 def test_check_frames_steps_must_increase():
