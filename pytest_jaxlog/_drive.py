@@ -14,11 +14,24 @@ from ._errors import JaxlogError
 from ._frames import Frames, Schema
 
 
-def provenance() -> dict:
-    try:
-        from ._provenance import provenance as prov
+_PROVENANCE: dict | None = None
 
-        return prov()
+
+def provenance() -> dict:
+    """``_provenance.provenance()``, computed once per process (versions and devices do not
+    change; the time is refreshed): package metadata lookups cost milliseconds per run."""
+    global _PROVENANCE
+    try:
+        if _PROVENANCE is None:
+            from ._provenance import provenance as prov
+
+            _PROVENANCE = prov()
+        out = dict(_PROVENANCE)
+        if "time" in out:
+            import datetime
+
+            out["time"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        return out
     except Exception as e:  # provenance must never break a run
         return {"error": repr(e)}
 

@@ -88,6 +88,8 @@ def _chunk_impl(plan: _Plan, state, key, k0, slots):
             ys.update(flatten_view(AUX, aux))
         new = []
         for (i, _), buf, s in zip(plan.sparse, bufs, slot):
+            # computed every step, written to slot s (the trash slot when unscheduled): no cond, so
+            # XLA can share work between the view and the step (e.g. LJ pair terms)
             vals = _views(plan.specs, st, (i,))
             new.append({p: lax.dynamic_update_index_in_dim(buf[p], jnp.asarray(vals[p], buf[p].dtype), s, 0)
                         for p in buf})
@@ -260,18 +262,7 @@ def _run(step, state, steps, specs, invariants, sinks, key, keyed, dt, chunk, pr
         key = jnp.asarray(key)
 
     # --- resolve what the step and the views produce (errors before any step runs) ------------
-    def traced_step():
-        return _apply(step, has_aux, keyed, key, jnp.int32(start_step), state)
-
-    try:
-        out_shape = jax.eval_shape(traced_step)
-    except JaxlogError:
-        raise
-    except Exception as e:
-        raise JaxlogError(f"the step function failed on the state: {type(e).__name__}: {e}") from e
-    _check_carry(state, out_shape[0])
-    aux_fn = (lambda: traced_step()[1]) if has_aux else None
-    schema = resolve_schema(specs, state, aux=aux_fn, batched=batched, dt=dt)
+    schema = _resolve(step, specs, state, key, has_aux, keyed, batched, dt)
     checkers = bind_invariants(invariants, schema)
     chunk = auto_chunk(schema, steps, budget) if chunk is None else int(chunk)
     chunk = max(1, min(chunk, steps)) if steps else 1
@@ -354,6 +345,9 @@ def _run(step, state, steps, specs, invariants, sinks, key, keyed, dt, chunk, pr
                 if bar is not None:
                     bar.advance(written_step - start_step)
             pending = (k0, length, None if use_donate else start_state, sparse_steps, out[1:], t1)
+        for w in windows:  # a violation inside a window stops the run there: stop the profiler too
+            if w.active:
+                w.end(block_on=cur)
         if violation is None and pending is not None:
             violation = _handle(pending, specs, plan_for, sinkset, checkers, timeline, init_frames)
             init_frames = None
@@ -437,6 +431,44 @@ def _run(step, state, steps, specs, invariants, sinks, key, keyed, dt, chunk, pr
         if on_violation == "warn":
             warnings.warn(JaxlogRuntimeWarning(str(violation)), stacklevel=2)
     return result
+
+
+_RESOLVED: dict = {}
+
+
+def _aval_key(tree):
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    return treedef, tuple((tuple(x.shape), str(x.dtype), bool(getattr(x, "weak_type", False))) for x in leaves)
+
+
+def _resolve(step, specs, state, key, has_aux, keyed, batched, dt) -> Schema:
+    """The run's schema; cached per (step, records, state shapes) like jit caches (tracing the
+    step and every view costs milliseconds, which matters for short runs)."""
+    ck = (step, specs, _aval_key(state), _aval_key(key), has_aux, keyed, batched, dt)
+    try:
+        hit = _RESOLVED.get(ck)
+    except TypeError:  # an unhashable view: no cache
+        ck, hit = None, None
+    if hit is not None:
+        return hit
+
+    def traced_step():
+        return _apply(step, has_aux, keyed, key, jnp.int32(0), state)
+
+    try:
+        out_shape = jax.eval_shape(traced_step)
+    except JaxlogError:
+        raise
+    except Exception as e:
+        raise JaxlogError(f"the step function failed on the state: {type(e).__name__}: {e}") from e
+    _check_carry(state, out_shape[0])
+    aux_fn = (lambda: traced_step()[1]) if has_aux else None
+    schema = resolve_schema(specs, state, aux=aux_fn, batched=batched, dt=dt)
+    if ck is not None:
+        if len(_RESOLVED) >= 64:
+            _RESOLVED.pop(next(iter(_RESOLVED)))
+        _RESOLVED[ck] = schema
+    return schema
 
 
 def _deleted(tree) -> bool:
