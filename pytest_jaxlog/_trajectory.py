@@ -25,7 +25,10 @@ def _open(path: Path) -> h5py.File:
     try:
         return h5py.File(path, "r")
     except OSError as exc:
-        if "open for write" in str(exc) or "consistency flags" in str(exc):
+        msg = str(exc)
+        if "lock" in msg:  # a live writer in another process holds the lock: read what it flushed
+            return h5py.File(path, "r", locking=False)
+        if "open for write" in msg or "consistency flags" in msg:
             return h5py.File(path, "r", swmr=True)  # a SWMR writer died: its data is consistent
         raise
 
@@ -335,7 +338,9 @@ def load(path: str | os.PathLike) -> Trajectory:
     try:
         f = _open(path)
     except OSError as exc:
-        raise JaxlogError(f"{path} is not a pytest-jaxlog trajectory: not an HDF5 file ({exc})") from None
+        if "signature" in str(exc):
+            raise JaxlogError(f"{path} is not a pytest-jaxlog trajectory: not an HDF5 file ({exc})") from None
+        raise JaxlogError(f"{path}: cannot open the trajectory file ({exc})") from None
     with f:
         if "jaxlog" not in f:
             raise JaxlogError(

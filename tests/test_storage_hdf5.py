@@ -316,3 +316,21 @@ def test_timeline_gets_a_slice_per_batch(tmp_path):
     w.close("complete", steps_done=5)
     assert [s[:2] for s in tl.slices] == [("writer", "write")] * 2
     assert all(s[3] >= s[2] for s in tl.slices) and tl.slices[0][4]["frames"] == 8
+
+
+def test_live_file_readable_from_another_process(tmp_path):
+    """While a run writes, another process (a CLI, a watcher) reads what has been flushed."""
+    import subprocess
+    import sys
+
+    schema = simple_schema()
+    w = HDF5Writer(tmp_path / "t.h5", flush_every_s=60.0)
+    w.open(schema, {})
+    w.write(frames_for(schema, 0, 9))
+    w.flush()
+    code = ("import sys; from pytest_jaxlog._trajectory import load; t = load(sys.argv[1]); "
+            "print(t.status, t.steps_done, len(t['energy']))")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "t.h5")], capture_output=True, text=True,
+                         check=True).stdout.split()
+    w.close("complete", steps_done=9)
+    assert out == ["running", "9", "10"]
