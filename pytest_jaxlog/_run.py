@@ -219,7 +219,10 @@ def run(step: Callable, state: Any, steps: int, *, record: Any = None, invariant
     never donated. On a violation the run stops at the violating step: sinks get the frames up to
     it, post-mortem states of the last ``postmortem`` steps are attached, and ``run.state`` is the
     state at that step. KeyboardInterrupt and other exceptions close the sinks (``stopped``/
-    ``failed``) and are re-raised with the partial :class:`Run` as ``exc.jaxlog_run``.
+    ``failed``) and are re-raised with the partial :class:`Run` as ``exc.jaxlog_run``: its state is
+    the state at the last step whose frames were written (``donate=False`` or invariants given),
+    or, when the state was donated, the newest state computed (``steps_done`` then says which
+    step it is; the sinks' ``steps_done`` is the last written step).
     """
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
         raise JaxlogError(f"steps must be an int >= 0, got {steps!r}")

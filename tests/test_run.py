@@ -381,3 +381,15 @@ def test_profile_window_steps_are_identical(tmp_path):
     _traj_equal(r.trajectory, plain.trajectory)
     _leaves_equal(r.state, plain.state)
     assert win.done and "jax_trace" in r.artifacts
+
+
+def test_keyboard_interrupt_with_donation_returns_the_newest_state():
+    mem = MemorySink()
+    with pytest.raises(KeyboardInterrupt) as info:
+        jl.run(osc, STATE, 50, record={"e": energy}, sinks=[mem, CountingSink(fail_at=2, exc=KeyboardInterrupt())],
+               chunk=5, progress=False)
+    run = info.value.jaxlog_run
+    assert mem.status == "stopped" and mem.steps_done == 5
+    assert run.steps_done >= mem.steps_done  # chunks already dispatched are not thrown away
+    _leaves_equal(run.state, _reference(run.steps_done)[-1])
+    assert not any(leaf.is_deleted() for leaf in jax.tree_util.tree_leaves(STATE))
