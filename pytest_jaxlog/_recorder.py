@@ -12,7 +12,9 @@ import warnings
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from ._drive import (SinkSet, bind_invariants, check_on_violation, compile_tracker, first_violation, make_timings,
                      provenance, Clock)
@@ -20,7 +22,8 @@ from ._errors import JaxlogError, JaxlogRuntimeWarning
 from ._frames import Frames, Schema
 from ._records import AUX, normalize_records
 from ._resolve import resolve_schema
-from ._run import _JIT_NAMES, _traces, _views_jit
+from ._run import _JIT_NAMES, _traces, _views
+from ._schedule import At, Every, Schedule, Window
 
 __all__ = ["Recorder"]
 
@@ -53,13 +56,17 @@ class Recorder:
         self.status = "new"
         self._sinks: SinkSet | None = None
         self._checkers: list = []
-        self._buf: list[tuple[int, tuple[int, ...], Any]] = []
+        self._on = [_contains(spec.schedule) for spec in self.specs]
+        self._keys: dict[tuple[int, ...], _LogKey] = {}
+        self._bufs: list[dict | None] = [None] * len(self.specs)  # device buffers, flush_every rows
+        self._steps: list[list[int]] = [[] for _ in self.specs]  # labels written into them
+        self._pending = False
         self._calls = 0
         self._first: int | None = None
         self._last: int | None = None
         self._active = False
         self._halted = False
-        self._expect: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+        self._expect: list[dict[str, tuple[tuple[int, ...], np.dtype]]] = []
         self._trajectory = None
 
     # --- Logger protocol --------------------------------------------------------------------
@@ -94,15 +101,25 @@ class Recorder:
         self._last = step
         if self._first is None:
             self._first = step
-        idx = tuple(i for i, spec in enumerate(self.specs) if step in spec.schedule)
+        idx = tuple(i for i, on in enumerate(self._on) if on(step))
         if idx:
-            values = _views_jit(self.specs, idx, state)
-            for p, v in values.items():
-                shape, dtype = self._expect[p]
-                if tuple(v.shape) != shape or np.dtype(v.dtype) != dtype:
-                    raise JaxlogError(f"record {p!r} at step {step}: got {v.dtype}{list(v.shape)}, the schema says "
-                                      f"{dtype}{list(shape)} (views must keep their shape and dtype)")
-            self._buf.append((step, idx, values))
+            key = self._keys.get(idx)
+            if key is None:
+                key = self._keys[idx] = _LogKey(self.specs, idx)
+            bufs = []
+            for i in idx:
+                if self._bufs[i] is None:
+                    self._bufs[i] = {p: jnp.zeros((self.flush_every, *shape), dtype) for p, (shape, dtype)
+                                     in self._expect[i].items()}
+                bufs.append(self._bufs[i])
+            try:
+                new = _log_into(key, state, tuple(bufs), tuple(len(self._steps[i]) for i in idx))
+            except _ShapeChange as e:
+                raise JaxlogError(f"record {e.path!r} at step {step}: {e.detail}") from None
+            for i, b in zip(idx, new):
+                self._bufs[i] = b
+                self._steps[i].append(step)
+            self._pending = True
         self._calls += 1
         if self._calls % self.flush_every == 0:
             self._flush()
@@ -168,7 +185,8 @@ class Recorder:
         schema = resolve_schema(self.specs, state, batched=self.batched, dt=self.dt)
         self._checkers = bind_invariants(self.invariants, schema)
         self._open(schema)
-        self._expect = {leaf.path: (tuple(leaf.shape), np.dtype(leaf.dtype)) for leaf in schema.leaves}
+        self._expect = [{leaf.path: (tuple(leaf.shape), np.dtype(leaf.dtype)) for leaf in schema.leaves
+                         if leaf.record == spec.name} for spec in self.specs]
 
     def _open(self, schema: Schema) -> None:
         self.schema = schema
@@ -179,22 +197,26 @@ class Recorder:
         self._sinks.open(schema, meta)
 
     def _frames(self) -> Frames:
-        buf, self._buf = self._buf, []
-        host = jax.device_get([v for _, _, v in buf])  # one transfer per flush
-        steps: dict[str, list[int]] = {}
-        values: dict[str, list[np.ndarray]] = {}
-        for (step, _, _), vals in zip(buf, host):
+        live = [i for i, st in enumerate(self._steps) if st]
+        host = jax.device_get([self._bufs[i] for i in live])  # one transfer per flush
+        per_path = {}
+        for i, vals in zip(live, host):
+            n = len(self._steps[i])
+            steps = np.asarray(self._steps[i], np.int64)
             for p, v in vals.items():
-                steps.setdefault(p, []).append(step)
-                values.setdefault(p, []).append(np.asarray(v))
+                per_path[p] = (steps, v[:n])
+        for i in live:
+            self._steps[i] = []
+            self._bufs[i] = None  # fresh buffers next time: the host arrays may alias these
+        self._pending = False
         frames = Frames()
         for leaf in self.schema.leaves:
-            if leaf.path in steps:
-                frames.add(leaf.path, np.asarray(steps[leaf.path], np.int64), np.stack(values[leaf.path]))
+            if leaf.path in per_path:
+                frames.add(leaf.path, *per_path[leaf.path])
         return frames
 
     def _flush(self, check: bool = True) -> None:
-        if not self._buf:
+        if not self._pending:
             return
         t0 = _now()
         frames = self._frames()
@@ -222,6 +244,63 @@ class Recorder:
             self._raise_at_exit = True
         elif self.on_violation == "warn":
             warnings.warn(JaxlogRuntimeWarning(str(v)), stacklevel=3)
+
+
+def _contains(schedule: Schedule):
+    """A fast ``step in schedule`` (called per log; the generic one builds numpy arrays)."""
+    if type(schedule) is Every:
+        n, start = schedule.n, schedule.start
+        return lambda k: k >= start and (k - start) % n == 0
+    if type(schedule) is Window:
+        n, start, stop = schedule.every, schedule.start, schedule.stop
+        return lambda k: start <= k <= stop and (k - start) % n == 0
+    if type(schedule) is At:
+        steps = frozenset(int(x) for x in schedule.steps)
+        return steps.__contains__
+    return schedule.__contains__
+
+
+class _LogKey:
+    """Static argument of the per-log jitted function, hashed once (jit hashes it every call)."""
+
+    __slots__ = ("specs", "idx", "_hash")
+
+    def __init__(self, specs, idx):
+        self.specs, self.idx = specs, idx
+        self._hash = hash((specs, idx))
+
+    def __hash__(self):
+        return self._hash
+
+    def __eq__(self, other):
+        return self is other or (isinstance(other, _LogKey) and self.specs == other.specs and self.idx == other.idx)
+
+
+class _ShapeChange(Exception):
+    def __init__(self, path, detail):
+        super().__init__(path, detail)
+        self.path, self.detail = path, detail
+
+
+def _log_impl(key: _LogKey, state, bufs, rows):
+    """Evaluate the scheduled views and write them into row ``rows[j]`` of their device buffers."""
+    _traces[0] += 1
+    out = []
+    for i, buf, row in zip(key.idx, bufs, rows):
+        vals = _views(key.specs, state, (i,))
+        new = {}
+        for p, b in buf.items():
+            v = vals.get(p)
+            if v is None or tuple(v.shape) != tuple(b.shape[1:]) or np.dtype(v.dtype) != np.dtype(b.dtype):
+                got = "nothing" if v is None else f"{np.dtype(v.dtype)}{list(v.shape)}"
+                raise _ShapeChange(p, f"got {got}, the schema says {np.dtype(b.dtype)}{list(b.shape[1:])} "
+                                      "(views must keep their shape and dtype)")
+            new[p] = lax.dynamic_update_index_in_dim(b, v, row, 0)
+        out.append(new)
+    return tuple(out)
+
+
+_log_into = jax.jit(_log_impl, static_argnums=0, donate_argnums=2)
 
 
 def _now() -> int:

@@ -39,7 +39,7 @@ __all__ = ["run", "Run", "auto_chunk"]
 
 DEFAULT_BUDGET = 64 * 2**20
 CHUNK_CAP = 10_000
-_JIT_NAMES = ("_chunk_impl", "_views_impl", "_single_impl")
+_JIT_NAMES = ("_chunk_impl", "_views_impl", "_single_impl", "_log_impl")
 _traces = [0]  # how many times the driver's jitted functions were traced (a compile counter)
 
 
