@@ -227,7 +227,7 @@ def main() -> None:
         return
     steps = {"lj64": 20_000, "osc1024": 200_000}
     if args.quick:
-        steps = {"lj64": 1_000, "osc1024": 10_000}
+        steps = {"lj64": 2_000, "osc1024": 50_000}
     repeats = args.repeats or (2 if args.quick else 7)
     print(f"jax {jax.__version__} on {jax.devices()[0].device_kind} ({os.cpu_count()} cores), "
           f"median of {repeats} repeats")
@@ -251,6 +251,8 @@ def main() -> None:
     for name, rows in results.items():
         ratio = rows[0][1] / dict(rows)["jl.run"]
         ok = "OK" if ratio <= targets[name] else "MISSED"
+        if args.quick:
+            ok += " (--quick: short runs where fixed per-run costs weigh more; targets are for the full run)"
         print(f"target {name}: jl.run {ratio:.2f}x the limit (target <= {targets[name]}x): {ok}")
 
 
