@@ -2,6 +2,8 @@
 
 Names are re-exported lazily so that ``import pytest_jaxlog`` (and the pytest plugin) does not
 import jax, h5py or perfetto: users set ``XLA_FLAGS``/``JAX_*`` in conftest, after plugins load.
+
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ _EXPORTS = {
     "invariant": "_invariants",
     # profiling and timings
     "ProfileWindow": "_profile",
+    "Timeline": "_perfetto",
+    "CompileTracker": "_timings",
     "Timings": "_timings",
     "Trace": "_trace",
     "load_trace": "_trace",
@@ -82,6 +86,7 @@ if TYPE_CHECKING:  # static re-exports for type checkers and IDEs
     from ._hdf5 import HDF5Writer
     from ._invariants import Invariant, InvariantViolation, bounded, conserved, finite, invariant, monotonic
     from ._loggers import CompositeLogger, Logger, NullLogger, ProgressLogger, RingBuffer
+    from ._perfetto import Timeline
     from ._profile import ProfileWindow
     from ._recorder import Recorder
     from ._records import Record
@@ -89,6 +94,6 @@ if TYPE_CHECKING:  # static re-exports for type checkers and IDEs
     from ._schedule import Schedule, at, every, window
     from ._sink import Sink
     from ._sinks import CSVWriter, CallbackSink, MemorySink
-    from ._timings import Timings
+    from ._timings import CompileTracker, Timings
     from ._trace import Trace, load_trace
     from ._trajectory import Trajectory, load
