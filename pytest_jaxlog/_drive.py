@@ -1,8 +1,9 @@
 """What both drivers (``jl.run`` and ``jl.Recorder``) do with frames once they are on the host.
 
 Sinks are opened together, fed in step order and always closed with a status; invariants are
-checked per batch and the earliest violation wins; on a violation the sinks get the frames up
-to the violating step only. Kept here so the two drivers cannot drift apart.
+checked per batch (``Watch``, on ``_invariants.check_all``) and the earliest violation is the
+run's; with ``on_violation="raise"`` the sinks get the frames up to the violating step only.
+Kept here so the two drivers cannot drift apart.
 """
 
 from __future__ import annotations
@@ -36,33 +37,60 @@ def provenance() -> dict:
         return {"error": repr(e)}
 
 
-def check_on_violation(value: str) -> str:
-    if value not in ("raise", "warn", "record"):
-        raise JaxlogError(f"on_violation must be 'raise', 'warn' or 'record', got {value!r}")
-    return value
+class Watch:
+    """The invariants of one run, checked batch by batch; both drivers use it.
 
+    ``on_violation="raise"``: :func:`_invariants.check_all` on every batch; the earliest
+    violation stops the run. ``"warn"``/``"record"``: the run goes on, and each invariant is
+    checked until its own first violation, which is kept (and warned about once, by the driver).
+    ``first`` is the run's earliest violation (batches arrive in step order, so it is the first
+    one found).
+    """
 
-def bind_invariants(invariants: Any, schema: Schema) -> list[Any]:
-    if invariants is None:
-        return []
-    if not isinstance(invariants, (list, tuple)):
-        invariants = (invariants,)
-    checkers = []
-    for inv in invariants:
-        if not hasattr(inv, "bind"):
-            raise JaxlogError(f"invariants= takes jl.finite/bounded/conserved/monotonic/invariant objects, got {inv!r}")
-        checkers.append(inv.bind(schema))
-    return checkers
+    def __init__(self, invariants: Any, schema: Schema, mode: str):
+        from ._invariants import bind_all
 
+        self.mode = mode
+        self.checkers = bind_all(invariants, schema)
+        self.first: Any = None
+        self.found: list = []  # the first violation of each invariant that broke, in order found
+        self._active = list(self.checkers)
 
-def first_violation(checkers: Sequence[Any], frames: Frames) -> Any:
-    """The violation with the smallest step across checkers (ties: the first checker's)."""
-    best = None
-    for c in checkers:
-        v = c.check(frames)
-        if v is not None and (best is None or v.step < best.step):
-            best = v
-    return best
+    def __bool__(self) -> bool:
+        return bool(self.checkers)
+
+    @property
+    def watching(self) -> bool:
+        """Whether a later batch can still produce a new violation."""
+        return bool(self._active) and not (self.mode == "raise" and self.first is not None)
+
+    def check(self, frames: Frames) -> list:
+        """New violations in this batch, earliest first (ties: the invariant listed first)."""
+        from ._invariants import check_all
+
+        if not self.watching:
+            return []
+        if self.mode == "raise":
+            v = check_all(self._active, frames)
+            new = [] if v is None else [v]
+        else:
+            new = []
+            for c in list(self._active):
+                v = check_all((c,), frames)
+                if v is not None:
+                    new.append(v)
+                    self._active.remove(c)
+            new.sort(key=lambda v: v.step)  # stable: ties keep the listed order
+        if new and self.first is None:
+            self.first = new[0]
+        self.found.extend(new)
+        return new
+
+    def frames_to_write(self, frames: Frames, new: list) -> Frames:
+        """``raise`` stops at the violating step: the sinks get frames up to and including it."""
+        if new and self.mode == "raise":
+            return frames.until(new[0].step)
+        return frames
 
 
 class SinkSet:
@@ -158,25 +186,46 @@ class SinkSet:
         raise JaxlogError("no trajectory: none of the sinks keeps one (add jl.MemorySink() or jl.HDF5Writer(path))")
 
 
-def make_timings(wall_s: float, steps: int, tracker: Any, traces: int, window: Any = None) -> Any:
-    """``_timings.Timings`` from the compile tracker; compiles fall back to our trace count."""
+def make_timings(wall_s: float, steps: int, tracker: Any, window: Any = None, *,
+                 state_leaves: int | None = None) -> Any:
+    """``_timings.Timings`` of a run from its compile tracker (opened for the run only, so
+    ``compiles`` counts compilations that happened during this run: 0 when all was cached).
+
+    ``state_leaves=n`` (``jl.run``): the tracked programs all take the state's ``n`` leaves first
+    and carry the step function; ``compiles`` counts the distinct state signatures they were
+    compiled for, so the per-chunk-length programs and the post-mortem replay of one kernel
+    count once, while every new state shape/dtype/weak type counts again.
+    """
     from ._timings import Timings
 
-    if tracker is not None:
-        t = tracker.timings(wall_s, steps, window)
-        if t.compiles == 0 and traces:
-            t.compiles = traces
-        return t
-    return Timings(wall_s=float(wall_s), steps=int(steps), compiles=int(traces), window=window)
+    if tracker is None:
+        return Timings(wall_s=float(wall_s), steps=int(steps), window=window)
+    t = tracker.timings(wall_s, steps, window)
+    if state_leaves is not None:
+        sigs = {ev.args[:state_leaves] if ev.args is not None else ("?", i)
+                for i, ev in enumerate(t.compile_events)}
+        t.compiles = len(sigs)
+    return t
 
 
-def compile_tracker(*names: str) -> Any:
+def compile_tracker(*names: str, exclude: Sequence[str] = ()) -> Any:
+    """An open-able ``CompileTracker`` for these functions (all but ``exclude`` when none named)."""
     try:
         from ._timings import CompileTracker
 
-        return CompileTracker(*names)
+        return CompileTracker(*names, exclude=exclude)
     except Exception:
         return None
+
+
+def add_compiles(tracker: Any, timeline: Any) -> None:
+    """The run's compilations as slices on the timeline's "compile" track."""
+    if tracker is None or timeline is None:
+        return
+    try:
+        tracker.add_to_timeline(timeline)
+    except Exception:
+        pass
 
 
 class Clock:

@@ -8,7 +8,6 @@ host every step, and the recorded data is identical in format to ``jl.run``'s.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import jax
@@ -16,13 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._drive import (SinkSet, bind_invariants, check_on_violation, compile_tracker, first_violation, make_timings,
-                     provenance, Clock)
-from ._errors import JaxlogError, JaxlogRuntimeWarning
+from ._drive import SinkSet, Watch, add_compiles, compile_tracker, make_timings, provenance, Clock
+from ._errors import JaxlogError
+from ._invariants import check_on_violation, warn_violation
 from ._frames import Frames, Schema
 from ._records import AUX, normalize_records
 from ._resolve import resolve_schema
-from ._run import _JIT_NAMES, _traces, _views
+from ._run import _JIT_NAMES, _views
 from ._schedule import At, Every, Schedule, Window
 
 __all__ = ["Recorder"]
@@ -33,9 +32,15 @@ class Recorder:
 
     Step labels must increase (they may be sparse, or start anywhere, e.g. a resumed run); a
     record is taken when its schedule contains the label. The schema is resolved on the first
-    ``log`` (sinks open then). On an invariant violation the sinks get the frames up to the
-    violating step and are closed ``violated``; later ``log`` calls are ignored. For post-mortem
-    states, put a ``jl.RingBuffer`` beside the recorder in a ``jl.CompositeLogger``.
+    ``log`` (sinks open then). Invariants are checked per flush. ``on_violation="raise"``: the sinks
+    get the frames up to the violating step and are closed ``violated``, the violation is raised
+    (from ``log``, or at exit) and later ``log`` calls are ignored. ``"warn"`` (a JaxlogRuntimeWarning
+    per invariant, at its first violation) and ``"record"`` go on recording: every frame is written
+    and the sinks are closed ``violated`` at exit with the first violation (``.violation``). For
+    post-mortem states, put a ``jl.RingBuffer`` beside the recorder in a ``jl.CompositeLogger``.
+
+    ``timings.compiles`` counts every compilation during the ``with`` block except the recorder's
+    own (so a user step that recompiles every call, e.g. on a changing shape, shows it).
     """
 
     def __init__(self, record: Any = None, *, sinks: Any = (), invariants: Any = (), flush_every: int = 100,
@@ -55,7 +60,7 @@ class Recorder:
         self.timings = None
         self.status = "new"
         self._sinks: SinkSet | None = None
-        self._checkers: list = []
+        self._watch: Watch | None = None
         self._on = [_contains(spec.schedule) for spec in self.specs]
         self._keys: dict[tuple[int, ...], _LogKey] = {}
         self._bufs: list[dict | None] = [None] * len(self.specs)  # device buffers, flush_every rows
@@ -76,8 +81,7 @@ class Recorder:
         self._sinks = SinkSet(self.sink_arg)
         self._sinks.set_timeline(self.timeline)
         self._clock = Clock()
-        self._traces0 = _traces[0]
-        self._tracker = compile_tracker(*_JIT_NAMES)
+        self._tracker = compile_tracker(exclude=_JIT_NAMES)
         if self._tracker is not None:
             self._tracker.__enter__()
         self._active = True
@@ -135,8 +139,14 @@ class Recorder:
                 if not self._halted:
                     self._flush()
                 if not self._sinks.closed:
-                    self._sinks.close("complete", steps_done=self._last or 0)
-                    self.status = "complete"
+                    first = None if self._watch is None else self._watch.first
+                    if first is None:
+                        self._sinks.close("complete", steps_done=self._last or 0)
+                        self.status = "complete"
+                    else:  # "warn"/"record": the whole loop was recorded, and it broke an invariant
+                        first.with_artifacts(self._sinks.artifacts)
+                        self._sinks.close("violated", steps_done=self._last or 0, violation=first.to_json())
+                        self.status = "violated"
             else:
                 if self.schema is not None and not self._halted:
                     try:
@@ -150,13 +160,16 @@ class Recorder:
                         pass
                 status = "stopped" if issubclass(exc_type, KeyboardInterrupt) else "failed"
                 if not self._sinks.closed:
-                    self._sinks.close(status, steps_done=self._last or 0, raise_errors=False)
+                    first = None if self._watch is None else self._watch.first
+                    self._sinks.close(status, steps_done=self._last or 0, raise_errors=False,
+                                      violation=None if first is None else first.to_json())
                     self.status = status
         finally:
             if self._tracker is not None:
                 self._tracker.__exit__(None, None, None)
             steps = 0 if self._first is None else self._last - self._first
-            self.timings = make_timings(self._clock.elapsed(), steps, self._tracker, _traces[0] - self._traces0)
+            self.timings = make_timings(self._clock.elapsed(), steps, self._tracker)
+            add_compiles(self._tracker, self.timeline)
         if exc_type is None and self.violation is not None and self.on_violation == "raise" and self._raise_at_exit:
             raise self.violation
         return False
@@ -183,7 +196,7 @@ class Recorder:
 
     def _start(self, state: Any) -> None:
         schema = resolve_schema(self.specs, state, batched=self.batched, dt=self.dt)
-        self._checkers = bind_invariants(self.invariants, schema)
+        self._watch = Watch(self.invariants, schema, self.on_violation)
         self._open(schema)
         self._expect = [{leaf.path: (tuple(leaf.shape), np.dtype(leaf.dtype)) for leaf in schema.leaves
                          if leaf.record == spec.name} for spec in self.specs]
@@ -220,30 +233,38 @@ class Recorder:
             return
         t0 = _now()
         frames = self._frames()
+        watch = self._watch
         try:
-            v = first_violation(self._checkers, frames) if (check and self._checkers) else None
-            self._sinks.write(frames.until(v.step) if v is not None else frames)
+            new = watch.check(frames) if (check and watch) else []
+            self._sinks.write(watch.frames_to_write(frames, new) if new else frames)
         except BaseException:
             self._sinks.close("failed", steps_done=self._last or 0, raise_errors=False)
             self.status = "failed"
             raise
         if self.timeline is not None:
             self.timeline.slice("host", f"flush {len(frames)} records", t0, _now())
-        if v is not None:
-            self._violated(v)
+        if new:
+            self._violated(new)
 
-    def _violated(self, v: Any) -> None:
-        self._halted = True
-        self.status = "violated"
-        self._sinks.close("violated", steps_done=v.step, violation=v.to_json())
-        v = v.with_artifacts(self._sinks.artifacts) or v
-        self.violation = v
+    def _violated(self, new: list) -> None:
+        """New violations from one flush, earliest first (``self._watch.first`` is the run's first)."""
+        self.violation = self._watch.first
+        if self.timeline is not None:
+            for v in new:
+                self.timeline.instant("invariants", v.invariant, args={
+                    "step": v.step, "record": v.record, "system": -1 if v.system is None else v.system})
         if self.on_violation == "raise":
+            v = new[0]
+            self._halted = True
+            self.status = "violated"
+            v.with_artifacts(self._sinks.artifacts)
+            self._sinks.close("violated", steps_done=v.step, violation=v.to_json())
             if self._active:
                 raise v
             self._raise_at_exit = True
         elif self.on_violation == "warn":
-            warnings.warn(JaxlogRuntimeWarning(str(v)), stacklevel=3)
+            for v in new:
+                warn_violation(v.with_artifacts(self._sinks.artifacts) or v, stacklevel=4)
 
 
 def _contains(schedule: Schedule):
@@ -284,7 +305,6 @@ class _ShapeChange(Exception):
 
 def _log_impl(key: _LogKey, state, bufs, rows):
     """Evaluate the scheduled views and write them into row ``rows[j]`` of their device buffers."""
-    _traces[0] += 1
     out = []
     for i, buf, row in zip(key.idx, bufs, rows):
         vals = _views(key.specs, state, (i,))

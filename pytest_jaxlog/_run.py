@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import sys
-import warnings
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable
@@ -28,9 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._drive import (SinkSet, bind_invariants, check_on_violation, compile_tracker, first_violation, make_timings,
-                     provenance, Clock)
-from ._errors import JaxlogError, JaxlogRuntimeWarning
+from ._drive import SinkSet, Watch, add_compiles, compile_tracker, make_timings, provenance, Clock
+from ._errors import JaxlogError
+from ._invariants import check_on_violation, warn_violation
 from ._frames import Frames, Schema
 from ._records import AUX, RecordSpec, normalize_records
 from ._resolve import flatten_view, resolve_schema, state_paths
@@ -39,8 +38,8 @@ __all__ = ["run", "Run", "auto_chunk"]
 
 DEFAULT_BUDGET = 64 * 2**20
 CHUNK_CAP = 10_000
-_JIT_NAMES = ("_chunk_impl", "_views_impl", "_single_impl", "_log_impl")
-_traces = [0]  # how many times the driver's jitted functions were traced (a compile counter)
+_JIT_NAMES = ("_chunk_impl", "_views_impl", "_single_impl", "_log_impl")  # the drivers' own programs
+_STEP_PROGRAMS = ("_chunk_impl", "_single_impl")  # those that compile the step function
 
 
 @dataclass(frozen=True)
@@ -73,7 +72,6 @@ def _views(specs, state, idx):
 
 
 def _chunk_impl(plan: _Plan, state, key, k0, slots):
-    _traces[0] += 1
     bufs = []
     for i, m in plan.sparse:
         shapes = jax.eval_shape(lambda s: _views(plan.specs, s, (i,)), state)
@@ -101,12 +99,10 @@ def _chunk_impl(plan: _Plan, state, key, k0, slots):
 
 
 def _views_impl(specs, idx, state):
-    _traces[0] += 1
     return _views(specs, state, idx)
 
 
 def _single_impl(step, has_aux, keyed, state, key, k):
-    _traces[0] += 1
     return _apply(step, has_aux, keyed, key, k, state)[0]
 
 
@@ -216,9 +212,15 @@ def run(step: Callable, state: Any, steps: int, *, record: Any = None, invariant
     ``chunk=None``: see :func:`auto_chunk`. ``profile``: ProfileWindow(s) whose work steps run one
     dispatch each inside the trace. ``donate``: the carried state is donated to the device between
     chunks when nothing needs a chunk-start state again (no invariants); the caller's arrays are
-    never donated. On a violation the run stops at the violating step: sinks get the frames up to
-    it, post-mortem states of the last ``postmortem`` steps are attached, and ``run.state`` is the
-    state at that step. KeyboardInterrupt and other exceptions close the sinks (``stopped``/
+    never donated. Invariant violations: the post-mortem states of the last ``postmortem`` steps up
+    to the run's first violating step are attached to the sinks (replayed from a kept chunk-start
+    state), and the sinks are closed ``violated`` with that violation (artifact paths included).
+    ``on_violation="raise"`` stops there: sinks get the frames up to the violating step, ``run.state``
+    is the state at that step, and the violation is raised. ``"warn"`` (a JaxlogRuntimeWarning per
+    invariant, at its first violation) and ``"record"`` go on to the end: every frame is written,
+    ``run.violation`` is the first violation and ``steps_done`` the full count.
+    ``run.timings.compiles`` counts the step function's compilations that happened during this run
+    (distinct state signatures: 1 on a cold cache, 0 when all was compiled before). KeyboardInterrupt and other exceptions close the sinks (``stopped``/
     ``failed``) and are re-raised with the partial :class:`Run` as ``exc.jaxlog_run``: its state is
     the state at the last step whose frames were written (``donate=False`` or invariants given),
     or, when the state was donated, the newest state computed (``steps_done`` then says which
@@ -241,21 +243,21 @@ def run(step: Callable, state: Any, steps: int, *, record: Any = None, invariant
     specs = tuple(normalize_records(record, reserved=(AUX,)))
 
     clock = Clock()
-    tracker = compile_tracker(*_JIT_NAMES)
-    traces0 = _traces[0]
+    tracker = compile_tracker(*_STEP_PROGRAMS)
     if tracker is not None:
         tracker.__enter__()
     try:
         return _run(step, state, steps, specs, invariants, sinks, key, keyed, dt, chunk, profile, has_aux, batched,
                     on_violation, postmortem, progress, chunk_budget_bytes, timeline, donate, start_step, clock,
-                    tracker, traces0)
+                    tracker)
     finally:
         if tracker is not None:
             tracker.__exit__(None, None, None)
+            add_compiles(tracker, timeline)
 
 
 def _run(step, state, steps, specs, invariants, sinks, key, keyed, dt, chunk, profile, has_aux, batched, on_violation,
-         postmortem, progress, budget, timeline, donate, start_step, clock, tracker, traces0) -> Run:
+         postmortem, progress, budget, timeline, donate, start_step, clock, tracker) -> Run:
     from ._profile import check_windows
 
     end = start_step + steps
@@ -266,19 +268,21 @@ def _run(step, state, steps, specs, invariants, sinks, key, keyed, dt, chunk, pr
 
     # --- resolve what the step and the views produce (errors before any step runs) ------------
     schema = _resolve(step, specs, state, key, has_aux, keyed, batched, dt)
-    checkers = bind_invariants(invariants, schema)
+    watch = Watch(invariants, schema, on_violation)
     chunk = auto_chunk(schema, steps, budget) if chunk is None else int(chunk)
     chunk = max(1, min(chunk, steps)) if steps else 1
     dense = tuple(i for i, s in enumerate(specs) if s.schedule.is_every_step)
     sparse_idx = tuple(i for i, s in enumerate(specs) if not s.schedule.is_every_step)
     record_initial = start_step == 0
-    use_donate = bool(donate) and not checkers
+    use_donate = bool(donate) and not watch  # with invariants, chunk-start states are kept for the post-mortem
+    n_state = len(jax.tree_util.tree_leaves(state))
 
     sinkset = SinkSet(sinks)
     sinkset.set_timeline(timeline)
     meta = {"provenance": provenance(),
             "run": {"driver": "run", "steps": steps, "start_step": start_step, "chunk": chunk, "dt": dt,
                     "has_aux": bool(has_aux), "batched": bool(batched), "keyed": keyed,
+                    "on_violation": on_violation,
                     "invariants": [getattr(i, "name", repr(i)) for i in (invariants or ())]}}
     sinkset.open(schema, meta)
 
@@ -295,11 +299,26 @@ def _run(step, state, steps, specs, invariants, sinks, key, keyed, dt, chunk, pr
     cur = _copy_tree(state) if use_donate else state
     written_step, written_state = start_step, cur if not use_donate else None
     cur_step = start_step
-    violation = None
     status = "running"
     pending = None  # (k0, length, start_state, sparse steps, outputs, t_dispatched)
     starts: list = []  # recent (k0, chunk-start state) covering the last `postmortem` steps (no donation)
     init_frames = None
+    pm_state = None  # the state at the first violating step, replayed for the post-mortem
+
+    def found(new, pend) -> None:
+        """New violations from one batch (earliest first): mark them on the timeline, save the
+        post-mortem of the run's first violation, warn once per invariant in "warn" mode."""
+        nonlocal pm_state
+        for v in new:
+            if timeline is not None:
+                timeline.instant("invariants", v.invariant, args={"step": v.step, "record": v.record,
+                                                                   "system": -1 if v.system is None else v.system})
+        if new[0] is watch.first:
+            pm_state = _replay(watch.first, pend, starts, step, has_aux, keyed, key, postmortem, sinkset)
+        if on_violation == "warn":
+            for v in new:
+                warn_violation(v.with_artifacts(sinkset.artifacts) or v, stacklevel=4)
+
     try:
         if bar is not None:
             bar.__enter__()
@@ -309,6 +328,7 @@ def _run(step, state, steps, specs, invariants, sinks, key, keyed, dt, chunk, pr
                 init_frames = (idx, _views_jit(specs, idx, state))
         segs = _segments(start_step, end, chunk, windows)
         open_window = None
+        stop = False
         for n, (k0, length, win) in enumerate(segs):
             plan = plan_for(length)
             slot_arrays, sparse_steps = [], []
@@ -324,6 +344,7 @@ def _run(step, state, steps, specs, invariants, sinks, key, keyed, dt, chunk, pr
                     open_window = win
                 with win.step(k0):
                     out = fn(plan, cur, key, np.int32(k0), tuple(slot_arrays))
+                    jax.block_until_ready(out[0])  # the step's device time belongs to its annotation
                 if k0 == win.stop or k0 == end - 1:
                     win.end(block_on=out[0])
                     open_window = None
@@ -335,11 +356,14 @@ def _run(step, state, steps, specs, invariants, sinks, key, keyed, dt, chunk, pr
             if timeline is not None:
                 timeline.slice("dispatch", f"steps {k0}..{k0 + length}", t0, t1, {"k0": k0, "length": length})
             if pending is not None:
-                violation = _handle(pending, specs, plan_for, sinkset, checkers, timeline, init_frames)
+                new = _handle(pending, specs, sinkset, watch, timeline, init_frames)
                 init_frames = None
-                if violation is not None:
-                    break
-                if checkers:
+                if new:
+                    found(new, pending)
+                    if on_violation == "raise":
+                        stop = True
+                        break
+                if watch and watch.first is None:
                     starts.append((pending[0], pending[2]))
                     while len(starts) >= 2 and starts[1][0] <= k0 - postmortem:
                         starts.pop(0)
@@ -351,34 +375,35 @@ def _run(step, state, steps, specs, invariants, sinks, key, keyed, dt, chunk, pr
         for w in windows:  # a violation inside a window stops the run there: stop the profiler too
             if w.active:
                 w.end(block_on=cur)
-        if violation is None and pending is not None:
-            violation = _handle(pending, specs, plan_for, sinkset, checkers, timeline, init_frames)
+        if not stop and pending is not None:
+            new = _handle(pending, specs, sinkset, watch, timeline, init_frames)
             init_frames = None
-            if violation is None:
+            if new:
+                found(new, pending)
+                stop = on_violation == "raise"
+            if not stop:
                 written_step = pending[0] + pending[1]
                 written_state = cur
                 if bar is not None:
                     bar.advance(written_step - start_step)
-        elif violation is None and init_frames is not None:  # steps == 0: only the initial record
+        elif not stop and init_frames is not None:  # steps == 0: only the initial record
             frames = _initial(init_frames, specs, start_step)
-            violation = first_violation(checkers, frames)
-            if violation is not None:
-                pending = (start_step, 0, state, [], None, None)
-                sinkset.write(frames.until(violation.step))
-            else:
-                sinkset.write(frames)
+            new = watch.check(frames)
+            sinkset.write(watch.frames_to_write(frames, new))
+            if new:
+                found(new, (start_step, 0, state, [], None, None))
             written_state = cur
+        violation = watch.first
         if violation is not None:
-            k0, chunk_state = pending[0], pending[2]
-            need = violation.step - postmortem + 1  # start the replay early enough for `postmortem` states
-            if k0 > need and starts:
-                early = [ks for ks in starts if ks[0] <= need]
-                k0, chunk_state = early[-1] if early else starts[0]
-            cur = _postmortem(violation, chunk_state, k0, step, has_aux, keyed, key, postmortem, sinkset)
-            written_step, written_state = violation.step, cur
             status = "violated"
-            sinkset.close("violated", steps_done=violation.step, violation=violation.to_json())
-            violation = violation.with_artifacts(sinkset.artifacts) or violation
+            if on_violation == "raise":  # the state and the frames end at the violating step
+                cur = written_state = pm_state
+                written_step = violation.step
+            arts = sinkset.artifacts
+            for w in windows:
+                arts.update(w.artifacts)
+            violation.with_artifacts(arts)
+            sinkset.close("violated", steps_done=written_step, violation=violation.to_json())
         else:
             status = "complete"
             sinkset.close("complete", steps_done=end)
@@ -390,13 +415,15 @@ def _run(step, state, steps, specs, invariants, sinks, key, keyed, dt, chunk, pr
                     w.end()
                 except Exception:
                     pass
-        sinkset.close(status, steps_done=written_step, raise_errors=False)
+        v = watch.first
+        sinkset.close(status, steps_done=written_step, violation=None if v is None else v.to_json(),
+                      raise_errors=False)
         state_step = written_step
         if written_state is None:  # donated: the newest state we still hold (frames may end earlier)
             written_state, state_step = (cur, cur_step) if not _deleted(cur) else (None, written_step)
-        partial_run = Run(written_state, state_step, make_timings(clock.elapsed(), state_step - start_step,
-                                                                  tracker, _traces[0] - traces0),
-                          violation, sinkset.artifacts, schema, chunk, status, sinkset)
+        partial_run = Run(written_state, state_step,
+                          make_timings(clock.elapsed(), state_step - start_step, tracker, state_leaves=n_state),
+                          v, sinkset.artifacts, schema, chunk, status, sinkset)
         try:
             exc.jaxlog_run = partial_run
         except Exception:
@@ -418,8 +445,7 @@ def _run(step, state, steps, specs, invariants, sinks, key, keyed, dt, chunk, pr
         except Exception:
             window_s = None
     jax.block_until_ready(cur)
-    wall = clock.elapsed()
-    timings = make_timings(wall, written_step - start_step, tracker, _traces[0] - traces0, window_s)
+    timings = make_timings(clock.elapsed(), written_step - start_step, tracker, window_s, state_leaves=n_state)
     artifacts = sinkset.artifacts
     for w in windows:
         artifacts.update(w.artifacts)
@@ -431,8 +457,6 @@ def _run(step, state, steps, specs, invariants, sinks, key, keyed, dt, chunk, pr
             pass
         if on_violation == "raise":
             raise violation
-        if on_violation == "warn":
-            warnings.warn(JaxlogRuntimeWarning(str(violation)), stacklevel=2)
     return result
 
 
@@ -517,8 +541,8 @@ def _initial(init_frames, specs, step0) -> Frames:
     return frames
 
 
-def _handle(pending, specs, plan_for, sinkset, checkers, timeline, init_frames):
-    """Pull one chunk's outputs, build frames, check invariants, write. Returns a violation or None."""
+def _handle(pending, specs, sinkset, watch, timeline, init_frames) -> list:
+    """Pull one chunk's outputs, build frames, check invariants, write. Returns the new violations."""
     k0, length, _, sparse_steps, outputs, t_dispatch = pending
     ys, bufs = outputs
     t0 = _now()
@@ -532,13 +556,13 @@ def _handle(pending, specs, plan_for, sinkset, checkers, timeline, init_frames):
         if len(st):
             for p, v in buf.items():
                 _add(frames, p, st, v[: len(st)])
-    violation = first_violation(checkers, frames) if checkers else None
-    sinkset.write(frames.until(violation.step) if violation is not None else frames)
+    new = watch.check(frames) if watch else []
+    sinkset.write(watch.frames_to_write(frames, new))
     if timeline is not None:
         t1 = _now()
         timeline.slice("host", f"frames {k0 + 1}..{k0 + length}", t0, t1, {"k0": k0, "length": length})
         _counters(timeline, frames, t_dispatch, t_ready)
-    return violation
+    return new
 
 
 def _add(frames: Frames, path, steps, values):
@@ -558,6 +582,18 @@ def _counters(timeline, frames: Frames, t_start, t_end) -> None:
             timeline.counter_series(p, ts, v.astype(np.float64))
         except Exception:
             pass
+
+
+def _replay(violation, pending, starts, step, has_aux, keyed, key, n, sinkset):
+    """The post-mortem of ``violation``: replay from the newest kept chunk-start state early enough
+    for ``n`` states (the violating chunk's own start, or an earlier one when the violating step
+    is fewer than ``n`` steps past it). Returns the state at the violating step."""
+    k0, chunk_state = pending[0], pending[2]
+    need = violation.step - n + 1
+    if k0 > need and starts:
+        early = [ks for ks in starts if ks[0] <= need]
+        k0, chunk_state = early[-1] if early else starts[0]
+    return _postmortem(violation, chunk_state, k0, step, has_aux, keyed, key, n, sinkset)
 
 
 def _postmortem(violation, chunk_state, k0, step, has_aux, keyed, key, n, sinkset):

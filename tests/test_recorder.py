@@ -128,72 +128,48 @@ def test_keyboard_interrupt_and_sink_failure_close_the_sinks():
     assert mem.status == "failed" and rec.status == "failed"
 
 
-class Above:
-    """A minimal invariant: violated at the first frame whose value exceeds ``limit``."""
-
-    name = "above"
-
-    def __init__(self, record, limit):
-        self.records, self.record, self.limit = (record,), record, limit
-
-    def bind(self, schema):
-        schema.resolve(self.record)
-        inv = self
-
-        class Checker:
-            def check(self, frames):
-                if inv.record not in frames.values:
-                    return None
-                bad = np.nonzero(frames.values[inv.record] > inv.limit)[0]
-                return Bad(int(frames.steps[inv.record][bad[0]])) if len(bad) else None
-
-        return Checker()
-
-
-class Bad(AssertionError):
-    def __init__(self, step):
-        super().__init__(f"bad at {step}")
-        self.step, self.artifacts = step, {}
-
-    def to_json(self):
-        return {"step": self.step}
-
-    def with_artifacts(self, a):
-        self.artifacts.update(a)
-        return self
-
-
 def _counter_state(k):
     return {"c": jnp.asarray(float(k))}
 
 
 def test_violation_raise_from_log():
     sink = Sink()
-    with pytest.raises(Bad) as info:
-        with jl.Recorder({"c": lambda s: s["c"]}, sinks=[sink], invariants=[Above("c", 4.5)], flush_every=3) as rec:
+    with pytest.raises(jl.InvariantViolation) as info:
+        with jl.Recorder({"c": lambda s: s["c"]}, sinks=[sink], invariants=[jl.bounded("c", hi=4.5)],
+                         flush_every=3) as rec:
             for k in range(20):
                 rec.log(_counter_state(k), k)
     assert info.value.step == 5 and rec.violation is info.value
-    assert sink.status == "violated" and sink.violation == {"step": 5}
+    assert sink.status == "violated" and sink.steps_done == 5 and sink.violation["step"] == 5
     np.testing.assert_array_equal(sink.frames().steps["c"], np.arange(6))
 
 
+@pytest.mark.parametrize("flush_every", [3, 100])
 @pytest.mark.parametrize("mode", ["warn", "record"])
-def test_violation_warn_or_record(mode):
+def test_violation_warn_or_record_goes_on(mode, flush_every):
+    """warn/record: every frame is recorded, the first violation kept, one warning per invariant."""
+    sink = Sink()
+    invs = [jl.bounded("c", hi=10.5), jl.bounded("c", hi=4.5), jl.finite("c")]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with jl.Recorder({"c": lambda s: s["c"]}, invariants=[Above("c", 4.5)], flush_every=100,
+        with jl.Recorder({"c": lambda s: s["c"]}, sinks=[sink], invariants=invs, flush_every=flush_every,
                          on_violation=mode) as rec:
             for k in range(20):
-                rec.log(_counter_state(k), k)  # flushed at exit: the violation is found then
-    assert rec.violation.step == 5 and rec.trajectory.status == "violated"
-    np.testing.assert_array_equal(rec.trajectory.steps("c"), np.arange(6))
-    assert len([w for w in caught if issubclass(w.category, jl.JaxlogRuntimeWarning)]) == (mode == "warn")
+                rec.log(_counter_state(k), k)
+    assert (rec.violation.invariant, rec.violation.step) == ("bounded(c, hi=4.5)", 5)
+    assert rec.status == "violated" and rec.steps_done == 19
+    assert rec.trajectory.status == "violated" and sink.steps_done == 19 and sink.violation["step"] == 5
+    np.testing.assert_array_equal(rec.trajectory.steps("c"), np.arange(20))
+    warned = [w.message.violation for w in caught if issubclass(w.category, jl.JaxlogRuntimeWarning)]
+    if mode == "warn":
+        assert [(v.invariant, v.step) for v in warned] == [("bounded(c, hi=4.5)", 5), ("bounded(c, hi=10.5)", 11)]
+    else:
+        assert not warned
 
 
 def test_violation_at_exit_raises():
-    with pytest.raises(Bad):
-        with jl.Recorder({"c": lambda s: s["c"]}, invariants=[Above("c", 1.5)]) as rec:
+    with pytest.raises(jl.InvariantViolation):
+        with jl.Recorder({"c": lambda s: s["c"]}, invariants=[jl.bounded("c", hi=1.5)]) as rec:
             for k in range(4):
                 rec.log(_counter_state(k), k)
 
@@ -223,3 +199,45 @@ def test_recorder_to_hdf5(tmp_path):
     t = jl.load(path)
     assert t.status == "complete"
     np.testing.assert_array_equal(t.steps("x"), [0, 3, 6, 9])
+
+
+def test_compiles_count_every_recompile_of_the_user_kernel():
+    """A step whose state changes shape every call recompiles every call: the Recorder shows N
+    compiles (its own programs are not counted), and they are on the timeline's compile track."""
+    from pytest_jaxlog._perfetto import Timeline
+
+    @jax.jit
+    def grow(s):
+        return {"x": jnp.concatenate([s["x"], s["x"][:1] * 0.5])}
+
+    tl = Timeline()
+    s = {"x": jnp.ones(2, jnp.float32)}
+    with jl.Recorder({"total": lambda s: jnp.sum(s["x"])}, flush_every=4, timeline=tl) as rec:
+        for k in range(6):
+            rec.log(s, k)
+            s = grow(s)
+    assert rec.timings.compiles == 6
+    assert [ev.args for ev in rec.timings.compile_events] == [(f"f32[{n}]",) for n in range(2, 8)]
+    with pytest.raises(AssertionError, match=r"expected 1 compilation, saw 6: grow\(f32\[2\]\)"):
+        rec.timings.assert_compiles(1)
+    assert [sl.name for sl in tl.slices("compile")] == ["grow"] * 6
+
+
+def test_compiles_show_a_weak_type_flip():
+    @jax.jit
+    def decay(c):
+        return c * jnp.float32(0.5)  # weak in, strong out: the second call compiles again
+
+    c = jnp.asarray(1.0)
+    assert c.weak_type
+    with jl.Recorder({"c": lambda c: c}) as rec:
+        for k in range(5):
+            rec.log(c, k)
+            c = decay(c)
+    assert rec.timings.compiles == 2
+    assert [ev.args for ev in rec.timings.compile_events] == [("weak_type f32[]",), ("f32[]",)]
+    with jl.Recorder({"c": lambda c: c}) as again:  # all compiled: nothing new
+        for k in range(3):
+            again.log(c, k)
+            c = decay(c)
+    again.timings.assert_compiles(0)

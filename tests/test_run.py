@@ -13,7 +13,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pytest_jaxlog as jl
-from pytest_jaxlog._frames import Frames
 from pytest_jaxlog._run import auto_chunk
 from pytest_jaxlog._sinks import MemorySink
 
@@ -213,72 +212,79 @@ def test_bad_arguments():
 # ---------------------------------------------------------------- invariants (fake, interface only) and stops
 
 
-class AfterStep:
-    """A minimal invariant (the interface jl.run relies on): violated at the first step >= ``at``."""
-
-    name = "after_step"
-
-    def __init__(self, record, at, system=None):
-        self.records, self.record, self.at, self.system = (record,), record, at, system
-
-    def bind(self, schema):
-        schema.resolve(self.record)
-        inv = self
-
-        class Checker:
-            seen = []
-
-            def check(self, frames: Frames):
-                self.seen.append(frames.last_step)
-                steps = frames.steps.get(inv.record, np.zeros(0, np.int64))
-                hit = steps[steps >= inv.at]
-                return FakeViolation(int(hit[0]), inv.system) if len(hit) else None
-
-        return Checker()
+def osc_t(s):
+    """``osc`` with a step counter ``t`` (an invariant on it breaks at a chosen step)."""
+    return {**osc({"x": s["x"], "v": s["v"]}), "t": s["t"] + 1}
 
 
-class FakeViolation(AssertionError):
-    def __init__(self, step, system=None):
-        super().__init__(f"after_step violated at step {step}")
-        self.step, self.system, self.artifacts = step, system, {}
+STATE_T = {**STATE, "t": jnp.int32(0)}
+REC_T = {"e": energy, "t": lambda s: s["t"], "x": jl.Record(positions, every=5)}
 
-    def to_json(self):
-        return {"step": self.step, "system": self.system}
 
-    def with_artifacts(self, artifacts):
-        self.artifacts.update(artifacts)
-        return self
+def _xv(s):
+    return {"x": s["x"], "v": s["v"]}
 
 
 def test_violation_stops_at_the_step_with_postmortem():
     sink = MemorySink()
-    with pytest.raises(FakeViolation) as info:
-        jl.run(osc, STATE, 40, record={"e": energy, "x": jl.Record(positions, every=5)},
-               invariants=[AfterStep("e", 13)], sinks=[sink], chunk=6, progress=False)
+    with pytest.raises(jl.InvariantViolation) as info:
+        jl.run(osc_t, STATE_T, 40, record=REC_T, invariants=[jl.bounded("t", hi=12)], sinks=[sink], chunk=6,
+               progress=False)
     run = info.value.jaxlog_run
-    assert sink.status == "violated" and sink.steps_done == 13 and sink.violation == {"step": 13, "system": None}
+    assert sink.status == "violated" and sink.steps_done == 13 and sink.violation["step"] == 13
     frames = sink.frames()
     assert frames.steps["e"][-1] == 13 and frames.steps["x"][-1] == 10
     ref = _reference(13)
     assert sorted(sink.attachments["postmortem"]) == [11, 12, 13]
     for k in (11, 12, 13):
         snap = sink.attachments["postmortem"][k]
-        assert set(snap) == {"state/x", "state/v"}
+        assert set(snap) == {"state/x", "state/v", "state/t"} and int(snap["state/t"]) == k
         np.testing.assert_array_equal(snap["state/x"], np.asarray(ref[k]["x"]))
-    assert run.steps_done == 13 and run.status == "violated"
-    _leaves_equal(run.state, ref[13])
+    assert run.steps_done == 13 and run.status == "violated" and int(run.state["t"]) == 13
+    _leaves_equal(_xv(run.state), ref[13])
 
 
 @pytest.mark.parametrize("mode", ["warn", "record"])
-def test_violation_warn_or_record_returns_the_run(mode):
+def test_violation_warn_or_record_goes_on_to_the_end(mode):
+    """warn/record: all steps run, all frames written, status "violated", the first violation kept,
+    its post-mortem saved, and one warning per broken invariant (at its first violation)."""
+    sink = MemorySink()
+    invs = [jl.bounded("t", hi=12), jl.bounded("t", hi=6), jl.finite("e")]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        r = jl.run(osc, STATE, 20, record={"e": energy}, invariants=[AfterStep("e", 0)], on_violation=mode,
-                   postmortem=0, chunk=4, progress=False)
-    assert r.violation.step == 0 and r.steps_done == 0 and r.trajectory.status == "violated"
-    _leaves_equal(r.state, STATE)
+        r = jl.run(osc_t, STATE_T, 40, record=REC_T, invariants=invs, sinks=[sink], on_violation=mode, chunk=4,
+                   progress=False)
+    assert r.steps_done == 40 and r.status == "violated" and int(r.state["t"]) == 40
+    _leaves_equal(_xv(r.state), _reference(40)[-1])
+    v = r.violation
+    assert isinstance(v, jl.InvariantViolation) and (v.invariant, v.step) == ("bounded(t, hi=6)", 7)
+    assert sink.status == "violated" and sink.steps_done == 40 and sink.violation["step"] == 7
+    frames = sink.frames()
+    np.testing.assert_array_equal(frames.steps["t"], np.arange(41))
+    np.testing.assert_array_equal(frames.values["t"], np.arange(41))
+    np.testing.assert_array_equal(frames.steps["x"], np.arange(0, 41, 5))
+    assert sorted(sink.attachments["postmortem"]) == [5, 6, 7]
+    assert [int(sink.attachments["postmortem"][k]["state/t"]) for k in (5, 6, 7)] == [5, 6, 7]
     warned = [w for w in caught if issubclass(w.category, jl.JaxlogRuntimeWarning)]
-    assert len(warned) == (1 if mode == "warn" else 0)
+    if mode == "warn":
+        assert [(w.message.violation.invariant, w.message.violation.step) for w in warned] == [
+            ("bounded(t, hi=6)", 7), ("bounded(t, hi=12)", 13)]
+        assert all(w.filename == __file__ for w in warned)
+    else:
+        assert not warned
+
+
+def test_violation_at_step_zero_keeps_the_initial_state():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", jl.JaxlogRuntimeWarning)
+        r = jl.run(osc_t, STATE_T, 20, record=REC_T, invariants=[jl.bounded("t", lo=1)], on_violation="warn",
+                   chunk=4, progress=False)
+    assert r.violation.step == 0 and r.steps_done == 20 and r.trajectory.status == "violated"
+    assert sorted(r.trajectory.postmortem) == [0]
+    with pytest.raises(jl.InvariantViolation) as info:
+        jl.run(osc_t, STATE_T, 20, record=REC_T, invariants=[jl.bounded("t", lo=1)], chunk=4, progress=False)
+    assert info.value.step == 0 and info.value.jaxlog_run.steps_done == 0
+    _leaves_equal(_xv(info.value.jaxlog_run.state), STATE)
 
 
 def test_real_finite_invariant_names_step():
@@ -393,3 +399,55 @@ def test_keyboard_interrupt_with_donation_returns_the_newest_state():
     assert run.steps_done >= mem.steps_done  # chunks already dispatched are not thrown away
     _leaves_equal(run.state, _reference(run.steps_done)[-1])
     assert not any(leaf.is_deleted() for leaf in jax.tree_util.tree_leaves(STATE))
+
+
+# ---------------------------------------------------------------- compile counting
+
+
+def test_compiles_count_the_step_function_once_per_run(tmp_path):
+    """A stable kernel compiles once (cold) although the run compiles one program per chunk length
+    (a shorter last chunk, length-1 window steps) and replays the post-mortem; 0 when warm."""
+    from pytest_jaxlog._perfetto import Timeline
+    from pytest_jaxlog._trace import load_trace
+
+    def fresh(s):  # defined here: nothing compiled for it yet in this process
+        return osc_t(s)
+
+    def go(win=None, timeline=None):
+        return jl.run(fresh, STATE_T, 23, record=REC_T, invariants=[jl.finite("e")], chunk=5, profile=win,
+                      timeline=timeline, progress=False)
+
+    tl = Timeline()
+    cold = go(jl.ProfileWindow(7, 8, tmp_path), tl)
+    assert len({ev.args for ev in cold.timings.compile_events}) >= 3  # lengths 5, 1 (window) and 3 (last)
+    cold.timings.assert_compiles(1)
+    assert cold.timings.compile_s > 0
+    warm = go(jl.ProfileWindow(7, 8, tmp_path))  # the same chunk lengths: all compiled already
+    warm.timings.assert_compiles(0)
+    assert warm.timings.compile_events == ()
+    # violated: the post-mortem replay compiles the step alone, still the same step function
+    with pytest.raises(jl.InvariantViolation) as info:
+        jl.run(fresh, STATE_T, 23, record=REC_T, invariants=[jl.bounded("t", hi=9)], chunk=5, progress=False)
+    vrun = info.value.jaxlog_run
+    assert "_single_impl" in {ev.function for ev in vrun.timings.compile_events}
+    vrun.timings.assert_compiles(1)
+    # a new state signature is a new compile
+    longer = {"x": jnp.zeros(N + 1, jnp.float32), "v": jnp.zeros(N + 1, jnp.float32), "t": jnp.int32(0)}
+    jl.run(fresh, longer, 4, chunk=4, progress=False).timings.assert_compiles(1)
+    # the run's compilations are on the timeline's "compile" track in the .pftrace
+    back = load_trace(tl.write(tmp_path / "run.pftrace"))
+    compiles = back.slices(track="compile")
+    assert len(compiles) == len(cold.timings.compile_events) >= 3
+    assert {s.name for s in compiles} == {"_chunk_impl"} and all(s.dur_s > 0 for s in compiles)
+
+
+def test_invariant_violations_are_instants_on_the_timeline(tmp_path):
+    from pytest_jaxlog._perfetto import Timeline
+    from pytest_jaxlog._trace import load_trace
+
+    tl = Timeline()
+    jl.run(osc_t, STATE_T, 20, record=REC_T, invariants=[jl.bounded("t", hi=12), jl.bounded("t", hi=6)],
+           on_violation="record", chunk=4, timeline=tl, progress=False)
+    back = load_trace(tl.write(tmp_path / "v.pftrace"))
+    marks = back.instants()
+    assert sorted((m.name, m.args["step"]) for m in marks) == [("bounded(t, hi=12)", 13), ("bounded(t, hi=6)", 7)]

@@ -116,8 +116,8 @@ def test_raise_reports_exact_step_and_system_and_leaves_the_evidence(tmp_path_fa
     # the file: status, the violation as JSON, every frame up to and including the violating step
     assert traj.status == "violated"
     json.dumps(traj.violation, allow_nan=False)
-    stored = {k: x for k, x in traj.violation.items() if k not in ("artifacts", "message")}
-    assert stored == {k: x for k, x in v.to_json().items() if k not in ("artifacts", "message")}
+    assert traj.violation == v.to_json()  # artifact paths and the full message included
+    assert traj.violation["artifacts"] == {"trajectory": str(path)} and str(path) in traj.violation["message"]
     back = jl.InvariantViolation.from_json(traj.violation)
     assert (back.invariant, back.step, back.system, back.record) == (v.invariant, exp, system, "x")
     np.testing.assert_array_equal(traj.steps("x"), np.arange(0, exp + 1, f["stride"]))
@@ -157,16 +157,23 @@ def test_warn_and_record_store_the_violation_and_go_on(tmp_path_factory, f, mode
     v = run.violation
     assert isinstance(v, jl.InvariantViolation)
     assert (v.step, v.system) == (exp, min(f["systems"]))
-    # the contract: the run stops at the violating step in every mode; warn/record do not raise
-    assert run.steps_done == exp
-    assert int(np.asarray(run.state.t)[0]) == exp
-    np.testing.assert_array_equal(traj.steps("x"), np.arange(0, exp + 1, f["stride"]))
-    if mode == "warn":
-        assert ours and f"violated at step {exp}" in str(ours[0].message)
+    # warn/record do not stop: every step runs and every frame is written; the first violation is kept
+    assert run.steps_done == STEPS and run.status == "violated"
+    assert int(np.asarray(run.state.t)[0]) == STEPS
+    np.testing.assert_array_equal(traj.steps("x"), np.arange(0, STEPS + 1, f["stride"]))
+    if mode == "warn":  # once for the invariant, at its first violation (not once per batch)
+        assert len(ours) == 1 and f"violated at step {exp}" in str(ours[0].message)
+        assert ours[0].message.violation is v
     else:
         assert not ours
-    assert traj.status == "violated"
+    assert traj.status == "violated" and traj.steps_done == STEPS
     assert traj.violation["step"] == exp and traj.violation["system"] == min(f["systems"])
+    assert traj.violation["artifacts"] == {"trajectory": str(path)} and str(path) in traj.violation["message"]
+    # the post-mortem of the first violation is saved as in raise mode
+    pm = traj.postmortem
+    assert sorted(pm) == list(range(max(0, exp - 2), exp + 1))
+    for k in pm:
+        assert int(np.asarray(pm[k]["state/t"])[0]) == k
 
 
 def test_unrecorded_record_fails_before_the_run(tmp_path):
@@ -291,4 +298,5 @@ def test_recorder_reports_exact_step_and_system(tmp_path_factory, f, flush_every
     assert caught is not None and (caught.step, caught.system) == (exp, min(f["systems"]))
     assert rec.violation is caught
     assert traj.status == "violated" and traj.violation["step"] == exp
+    assert traj.violation["artifacts"] == {"trajectory": str(path)} and str(path) in traj.violation["message"]
     np.testing.assert_array_equal(traj.steps("x"), np.arange(0, exp + 1, f["stride"]))
