@@ -99,7 +99,7 @@ def test_info(files):
     assert "backend: cpu" in out and "x64: False" in out
     r = cli("info", files / "violated.h5")
     assert r.returncode == 0, r.stderr
-    assert "status: violated   steps done: 0" in r.stdout
+    assert "status: violated   steps done: 40" in r.stdout  # on_violation="record" runs to the end
     assert "violation: [jaxlog] invariant energy_below_6.5 violated at step 0" in r.stdout
     assert "postmortem states: steps 0 (state/" in r.stdout
     r = cli("info", "--json", files / "a.h5")
