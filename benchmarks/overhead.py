@@ -16,10 +16,14 @@ into a temporary directory. Variants, all in this process, each timed as the med
   workload: for LJ it is a second pair loop, for the oscillators two reductions per step);
 - ``python loop``: the jitted step called from Python, nothing recorded;
 - ``jl.run``: the driver with the workload above;
+- ``jl.run, no invariants``: the same without ``finite`` + ``conserved`` (the invariants' cost is
+  the ratio of the two; target under 5% of the run);
 - ``jl.Recorder loop``: the jitted step in a Python loop with ``Recorder.log`` each step;
 - ``host callback``: ``io_callback`` of the energies per step inside the scan.
 
 The per-step Python variants and the callback run 1/20 of the steps (throughput is compared).
+Two ratios of time per step are printed: against the limit (``lax.scan + records``, the same device
+work as the workload) and against the bare kernel (``lax.scan, no records``).
 
 Then peak RSS of ``jl.run`` in a fresh subprocess for the run length and 10x that, to show the
 memory does not grow with the run length.
@@ -127,13 +131,16 @@ def make_variants(name: str, steps: int, tmp: Path, callbacks: bool):
 
     counter = [0]
 
-    def run():
+    def run(invs=invs):
         counter[0] += 1
         path = tmp / f"{name}-run-{counter[0]}.h5"
         r = jl.run(step, state, steps, record=record, invariants=invs, sinks=[jl.HDF5Writer(path)], progress=False)
-        assert r.steps_done == steps, r
+        assert r.steps_done == steps and r.violation is None, r
         path.unlink()
         return r
+
+    def run_no_invariants():
+        return run(())
 
     def recorder():
         counter[0] += 1
@@ -152,6 +159,7 @@ def make_variants(name: str, steps: int, tmp: Path, callbacks: bool):
         "lax.scan, no records": (limit, steps),
         "python loop": (py_loop, slow),
         "jl.run": (run, steps),
+        "jl.run, no invariants": (run_no_invariants, steps),
         "jl.Recorder loop": (recorder, slow),
     }
     if callbacks:
@@ -235,11 +243,16 @@ def main() -> None:
     for name in args.kernels.split(","):
         n = steps[name]
         rows = bench(name, n, repeats, not args.no_callbacks)
-        limit = rows[0][1]
+        by = dict(rows)
+        limit, bare = by["lax.scan + records"], by["lax.scan, no records"]
         print(f"\n{name}: {n} steps")
-        print(f"  {'variant':<22} {'steps/s':>12} {'time/limit':>11}")
+        print(f"  {'variant':<24} {'steps/s':>12} {'time / limit':>13} {'time / bare scan':>17}")
+        print(f"  {'':<24} {'':>12} {'(scan+records)':>13} {'(no records)':>17}")
         for label, sps in rows:
-            print(f"  {label:<22} {sps:>12.4g} {limit / sps:>10.2f}x")
+            print(f"  {label:<24} {sps:>12.4g} {limit / sps:>12.2f}x {bare / sps:>16.2f}x")
+        cost = by["jl.run, no invariants"] / by["jl.run"] - 1.0
+        print(f"  invariants (finite + conserved): jl.run time {cost * 100:+.1f}% against jl.run without "
+              f"them (target < 5%)")
         results[name] = rows
         if not args.no_rss:
             small, big = rss(name, n), rss(name, 10 * n)
@@ -248,12 +261,16 @@ def main() -> None:
                   f"({big['file_mb']:.1f} MB file)")
     targets = {"lj64": 1.10, "osc1024": 1.5}
     print()
+    note = " (--quick: short runs where fixed per-run costs weigh more; targets are for the full run)" \
+        if args.quick else ""
     for name, rows in results.items():
-        ratio = rows[0][1] / dict(rows)["jl.run"]
+        by = dict(rows)
+        ratio = by["lax.scan + records"] / by["jl.run"]
         ok = "OK" if ratio <= targets[name] else "MISSED"
-        if args.quick:
-            ok += " (--quick: short runs where fixed per-run costs weigh more; targets are for the full run)"
-        print(f"target {name}: jl.run {ratio:.2f}x the limit (target <= {targets[name]}x): {ok}")
+        print(f"target {name}: jl.run {ratio:.2f}x the limit (target <= {targets[name]}x): {ok}{note}")
+        cost = by["jl.run, no invariants"] / by["jl.run"] - 1.0
+        ok = "OK" if cost < 0.05 else "MISSED"
+        print(f"target {name}: invariants add {cost * 100:+.1f}% to jl.run's time (target < 5%): {ok}{note}")
 
 
 if __name__ == "__main__":
