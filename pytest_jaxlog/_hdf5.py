@@ -42,7 +42,10 @@ from ._frames import FORMAT_VERSION, Frames, Schema
 from ._sink import STATUSES
 
 LIBVER = ("v108", "v108")
-_CHUNK_BYTES = 1 << 19  # target chunk size of value datasets (fits the 1 MiB chunk cache)
+_CHUNK_BYTES = 1 << 19  # largest chunk of a run of known length (fits the 1 MiB chunk cache)
+_OPEN_CHUNK_BYTES = 1 << 16  # unknown run length: chunks of ~_OPEN_CHUNK_FRAMES frames within these bounds,
+_OPEN_CHUNK_MIN = 1 << 12  # so each dataset's last, partly filled chunk wastes little
+_OPEN_CHUNK_FRAMES = 64
 _POLL_S = 0.05  # how often a blocked caller re-checks that the writer thread is alive
 _LIVE: "weakref.WeakSet[HDF5Writer]" = weakref.WeakSet()
 _EMPTY_STEPS = np.zeros(0, dtype=np.int64)
@@ -90,8 +93,44 @@ class _Column:
         dsid.write(mspace, fspace, arr, mtype=self.mtype)
 
 
-def _chunk_rows(frame_bytes: int) -> int:
-    return int(max(1, min(4096, _CHUNK_BYTES // max(1, frame_bytes))))
+def _chunk_rows(frame_bytes: int, frames: int | None = None) -> int:
+    """Frames per chunk. HDF5 allocates whole chunks, so chunk size is file size: a run of known
+    length (``frames``) gets equal chunks of at most ``_CHUNK_BYTES`` that tile it (a short run: one
+    chunk, exactly its data; a long one: big chunks, fast appends, < 1 frame unused per chunk).
+    Unknown length: ~64 frames a chunk, 4 to 64 KiB (scalars and steps: 4 KiB), so the last, partly
+    filled chunk of each dataset wastes little."""
+    frame_bytes = max(1, frame_bytes)
+    if frames:
+        per_chunk = max(1, _CHUNK_BYTES // frame_bytes)
+        n_chunks = -(-frames // per_chunk)
+        return int(-(-frames // n_chunks))
+    target = min(_OPEN_CHUNK_BYTES, max(_OPEN_CHUNK_MIN, _OPEN_CHUNK_FRAMES * frame_bytes))
+    return int(max(1, target // frame_bytes))
+
+
+def _count_between(schedule: Any, lo: int, hi: int) -> int:
+    """``len(schedule.steps_between(lo, hi))`` without building the array (runs may be 2**31 steps)."""
+    from ._schedule import Every, Window
+
+    if isinstance(schedule, Window):
+        n, start, hi = schedule.every, schedule.start, min(hi, schedule.stop)
+    elif isinstance(schedule, Every):
+        n, start = schedule.n, schedule.start
+    else:
+        return len(schedule.steps_between(lo, hi))
+    lo = max(lo, start)
+    first = start + -(-(lo - start) // n) * n
+    return 0 if first > hi else (hi - first) // n + 1
+
+
+def _frames_per_leaf(schema: Schema, meta: dict) -> dict[str, int]:
+    """Most frames each leaf can get, from ``meta["run"]`` (``steps``, ``start_step``); empty when the
+    length is unknown (``jl.Recorder``). An upper bound: steps ``start..start+steps`` inclusive."""
+    run = (meta or {}).get("run") or {}
+    steps, start = run.get("steps"), run.get("start_step") or 0
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0 or not isinstance(start, int):
+        return {}
+    return {leaf.path: _count_between(leaf.schedule, start, start + steps) for leaf in schema.leaves}
 
 
 class HDF5Writer:
@@ -99,7 +138,10 @@ class HDF5Writer:
 
     ``flush_every_s``: how often data and ``steps_done`` reach the disk (what survives a kill).
     ``queue_size``: batches in flight; a full queue blocks ``write`` (bounded memory).
-    ``compression``: h5py filter for value datasets (``"gzip"``, ``"lzf"``, None).
+    ``compression``: h5py filter for all datasets (``"gzip"``, ``"lzf"``, None; lossless, so values
+    read back bit for bit); ``shuffle`` (default: on with compression) helps it on numbers.
+    ``expected_frames``: ``{leaf path: frames}`` when known up front (``Trajectory.save``); otherwise
+    taken from the run length in ``meta["run"]``. It only sizes chunks (file size): more frames still fit.
     ``particles``: ``{group: {"position": "state/positions", ...}}`` adds H5MD particle links.
     """
 
@@ -111,6 +153,8 @@ class HDF5Writer:
         queue_size: int = 8,
         compression: str | None = None,
         compression_opts: Any = None,
+        shuffle: bool | None = None,
+        expected_frames: dict[str, int] | None = None,
         author: str | None = None,
         particles: dict[str, dict[str, str]] | None = None,
         overwrite: bool = True,
@@ -124,6 +168,8 @@ class HDF5Writer:
         self.queue_size = int(queue_size)
         self.compression = compression
         self.compression_opts = compression_opts
+        self.shuffle = compression is not None if shuffle is None else bool(shuffle)
+        self.expected_frames = None if expected_frames is None else {str(k): int(v) for k, v in expected_frames.items()}
         self.author = author
         self.particles = particles or {}
         self.overwrite = overwrite
@@ -325,14 +371,18 @@ class HDF5Writer:
         self._dsets: dict[str, h5py.Dataset] = {}
         # (record, schedule) -> [leaf paths, step dataset, time dataset or None, rows written]
         self._groups: dict[tuple, list] = {}
+        frames = _frames_per_leaf(schema, meta) if self.expected_frames is None else self.expected_frames
+        kw: dict[str, Any] = {}
+        if self.compression is not None:
+            kw = {"compression": self.compression, "compression_opts": self.compression_opts}
+        if self.shuffle:
+            kw["shuffle"] = True
         for leaf in schema.leaves:
             g = obs.create_group(leaf.path)
             stored, dname = storage_dtype(leaf.dtype)
             frame_bytes = int(np.prod(leaf.shape, dtype=np.int64)) * stored.itemsize
-            rows = _chunk_rows(frame_bytes)
-            kw: dict[str, Any] = {}
-            if self.compression is not None:
-                kw = {"compression": self.compression, "compression_opts": self.compression_opts}
+            n = frames.get(leaf.path)
+            rows = _chunk_rows(frame_bytes, n)
             # zero-size frame dims: HDF5 chunks must be >= 1, so such dims get an unlimited max
             maxshape = (None, *(s if s > 0 else None for s in leaf.shape))
             chunks = (rows, *(max(1, s) for s in leaf.shape)) if frame_bytes <= (1 << 30) else True
@@ -349,10 +399,11 @@ class HDF5Writer:
             key = (leaf.record, _json(leaf.schedule.to_json()))
             group = self._groups.get(key)
             if group is None:
-                step = g.create_dataset("step", shape=(0,), maxshape=(None,), dtype=np.int64, chunks=(4096,))
+                scalar = {"shape": (0,), "maxshape": (None,), "chunks": (_chunk_rows(8, n),), **kw}
+                step = g.create_dataset("step", dtype=np.int64, **scalar)
                 tds = None
                 if schema.dt is not None:
-                    tds = g.create_dataset("time", shape=(0,), maxshape=(None,), dtype=np.float64, chunks=(4096,))
+                    tds = g.create_dataset("time", dtype=np.float64, **scalar)
                 self._groups[key] = group = [[], _Column(step), None if tds is None else _Column(tds), 0]
             else:
                 g["step"] = group[1].ds

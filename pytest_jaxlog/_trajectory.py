@@ -287,16 +287,22 @@ class Trajectory:
             out.add(path, self._steps(path, None), self._values(path, None))
         return out
 
-    def save(self, path: str | os.PathLike, **writer_kwargs: Any) -> Path:
-        """Write this trajectory as a new jaxlog HDF5 file (golden files); returns the path."""
+    def save(self, path: str | os.PathLike, *, compression: str | None = "gzip", **writer_kwargs: Any) -> Path:
+        """Write this trajectory as a new jaxlog HDF5 file (golden files); returns the path.
+
+        Small files for version control: chunks sized to the data, and ``compression`` (gzip with
+        shuffle by default; lossless, values read back bit for bit; None to store raw).
+        """
         from ._hdf5 import HDF5Writer
 
-        writer = HDF5Writer(path, **writer_kwargs)
+        frames = self.frames()
+        writer_kwargs.setdefault("expected_frames", {p: len(s) for p, s in frames.steps.items()})
+        writer = HDF5Writer(path, compression=compression, **writer_kwargs)
         meta = dict(self.meta)
         meta.setdefault("provenance", self.provenance)
         writer.open(self.schema, meta)
         try:
-            writer.write(self.frames())
+            writer.write(frames)
             names = {"postmortem"} if self._attachments is None else set(self._attachments)
             if self._attachments is None and self.path is not None:
                 with _open(self.path) as f:

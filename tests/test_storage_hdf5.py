@@ -334,3 +334,135 @@ def test_live_file_readable_from_another_process(tmp_path):
                          check=True).stdout.split()
     w.close("complete", steps_done=9)
     assert out == ["running", "9", "10"]
+
+
+# -- chunk sizing: HDF5 allocates whole chunks, so chunk size decides the file size --------------
+
+def _data_bytes(path) -> int:
+    """Bytes of dataset contents (``visititems`` visits a hard-linked step/time dataset once)."""
+    sizes = []
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda _, obj: sizes.append(obj.size * obj.dtype.itemsize) if isinstance(obj, h5py.Dataset) else None)
+    return sum(sizes)
+
+
+def _write_all(path, schema, meta, n_steps, batch, **kw):
+    w = HDF5Writer(path, **kw)
+    w.open(schema, meta)
+    for lo in range(0, n_steps + 1, batch):
+        w.write(frames_for(schema, lo, min(lo + batch - 1, n_steps)))
+    w.close("complete", steps_done=n_steps)
+
+
+LJ_LIKE = Schema((LeafSpec("energy/total", "energy", (), np.dtype(np.float32), every(1)),
+                  LeafSpec("energy/kinetic", "energy", (), np.dtype(np.float32), every(1)),
+                  LeafSpec("positions", "positions", (64, 3), np.dtype(np.float32), every(10))), dt=0.005)
+
+
+@settings(max_examples=200, deadline=None)
+@given(schedules, st.integers(0, 40), st.integers(0, 60))
+def test_count_between_matches_steps_between(schedule, lo, span):
+    from pytest_jaxlog._hdf5 import _count_between
+
+    assert _count_between(schedule, lo, lo + span) == len(schedule.steps_between(lo, lo + span))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 1 << 22), st.one_of(st.none(), st.integers(0, 10**7)))
+def test_chunk_rows_tile_known_lengths(frame_bytes, frames):
+    """Known length: equal chunks of at most 512 KiB (or one frame) tiling the run, < 1 frame unused
+    per chunk; unknown: at most 64 KiB (or one frame), at least 4 KiB or 64 frames."""
+    from pytest_jaxlog._hdf5 import _CHUNK_BYTES, _OPEN_CHUNK_BYTES, _chunk_rows
+
+    rows = _chunk_rows(frame_bytes, frames)
+    assert rows >= 1
+    if frames:
+        n_chunks = -(-frames // rows)
+        assert rows * max(1, frame_bytes) <= max(_CHUNK_BYTES, frame_bytes)
+        assert n_chunks * rows - frames < n_chunks
+    else:
+        assert rows * max(1, frame_bytes) <= max(_OPEN_CHUNK_BYTES, frame_bytes)
+        assert rows * max(1, frame_bytes) > 4096 - max(1, frame_bytes) or rows >= 64
+
+
+def test_file_size_close_to_data_for_a_run_of_known_length(tmp_path):
+    path = tmp_path / "t.h5"
+    _write_all(path, LJ_LIKE, {"run": {"steps": 2000}}, 2000, 500)
+    with h5py.File(path, "r") as f:
+        assert f["observables/energy/total/value"].chunks == (2001,)
+        assert f["observables/energy/total/step"].chunks == (2001,)
+        assert f["observables/positions/value"].chunks == (201, 64, 3)
+    data = _data_bytes(path)
+    assert data == 2001 * (4 + 4 + 8 + 8) + 201 * (64 * 3 * 4 + 8 + 8)
+    assert path.stat().st_size < data + 64 * 1024  # metadata only (it was 3.4x the data)
+    traj = load(path)
+    assert len(traj["positions"]) == 201 and traj.steps("energy/total")[-1] == 2000
+
+
+def test_long_runs_get_big_chunks_and_resumed_runs_count_from_start_step(tmp_path):
+    """Chunk shapes are fixed at open: a long run gets <= 512 KiB chunks (fast appends), a resumed
+    run (start_step) is sized by its own span. Nothing needs to be written to see it."""
+    w = HDF5Writer(tmp_path / "long.h5")
+    w.open(LJ_LIKE, {"run": {"steps": 10**6}})
+    w.close("complete", steps_done=0)
+    w = HDF5Writer(tmp_path / "resumed.h5")
+    w.open(LJ_LIKE, {"run": {"steps": 100, "start_step": 5000}})
+    w.close("complete", steps_done=0)
+    with h5py.File(tmp_path / "long.h5", "r") as f:
+        assert f["observables/energy/total/value"].chunks == (125001,)  # 8 chunks of 488 KiB
+        assert f["observables/energy/total/step"].chunks == (62501,)
+        assert f["observables/positions/value"].chunks == (681, 64, 3)  # 100001 frames in 147 chunks
+    with h5py.File(tmp_path / "resumed.h5", "r") as f:
+        assert f["observables/energy/total/value"].chunks == (101,)
+        assert f["observables/positions/value"].chunks == (11, 64, 3)
+
+
+def test_unknown_length_small_chunks_and_more_frames_than_expected(tmp_path):
+    """The Recorder does not know the run length: ~64 frames a chunk, 4 to 64 KiB, bound the unused
+    tail (1.2 MB for this file with the former fixed 512 KiB/4096-row chunks). A wrong
+    ``expected_frames`` only costs chunks: every frame is still written."""
+    path = tmp_path / "open.h5"
+    _write_all(path, LJ_LIKE, {"run": {"steps": None}}, 30, 7)
+    with h5py.File(path, "r") as f:
+        assert f["observables/energy/total/value"].chunks == (1024,)  # 4 KiB
+        assert f["observables/energy/total/step"].chunks == (512,)
+        assert f["observables/positions/value"].chunks == (64, 64, 3)  # 48 KiB
+    assert path.stat().st_size < 48 * 1024 + 6 * 4096 + 64 * 1024
+    schema = simple_schema()
+    _write_all(tmp_path / "small.h5", schema, {}, 50, 9, expected_frames={"energy": 2, "state/x": 3})
+    with h5py.File(tmp_path / "small.h5", "r") as f:
+        assert f["observables/state/x/value"].chunks == (3, 3)
+    traj = load(tmp_path / "small.h5")
+    np.testing.assert_array_equal(traj.steps("state/x"), np.arange(51))
+    assert traj["energy"].shape == (51,)
+
+
+def test_save_is_gzip_shuffled_exactly_chunked_and_bit_exact(tmp_path):
+    """Golden files: ``save`` sizes chunks to the data and compresses losslessly by default."""
+    rng = np.random.default_rng(3)
+    schema = Schema((LeafSpec("e", "e", (), np.dtype(np.float64), every(1)),
+                     LeafSpec("b", "b", (4,), np.dtype(ml_dtypes.bfloat16), every(3)),
+                     LeafSpec("c", "c", (2,), np.dtype(np.complex64), every(5))), dt=0.1)
+    frames, expected = batches(schema, 300, [100, 250], rng)  # arbitrary bits: NaN payloads, subnormals
+    src = tmp_path / "src.h5"
+    w = HDF5Writer(src)
+    w.open(schema, {"run": {"steps": None}})
+    for fr in frames:
+        w.write(fr)
+    w.close("complete", steps_done=300)
+    traj = load(src)
+    gz = traj.save(tmp_path / "gz.h5")
+    raw = traj.save(tmp_path / "raw.h5", compression=None)
+    for p in (gz, raw):
+        _check(load(p), schema, expected, steps_done=300)
+    with h5py.File(gz, "r") as f:
+        for leaf in schema.leaves:
+            g = f["observables"][leaf.path]
+            n = len(expected[leaf.path][0])
+            for name in ("value", "step", "time"):
+                assert g[name].compression == "gzip" and g[name].shuffle, (leaf.path, name)
+                assert g[name].chunks[0] == n
+    with h5py.File(raw, "r") as f:
+        assert f["observables/e/value"].compression is None and not f["observables/e/value"].shuffle
+    assert raw.stat().st_size < _data_bytes(raw) + 64 * 1024
+    assert gz.stat().st_size < raw.stat().st_size  # steps and times compress even when values do not
