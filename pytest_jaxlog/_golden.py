@@ -8,6 +8,7 @@ for its audience (an AssertionError with the regen hint, or a CLI report with an
 from __future__ import annotations
 
 import hashlib
+import inspect
 import os
 import re
 from dataclasses import dataclass, field
@@ -262,10 +263,7 @@ def _compare_values(path: str, steps: np.ndarray, a: np.ndarray, e: np.ndarray, 
         if finite.any():
             errs = err[finite]
             out.max_abs = float(errs.max())
-            denom = np.abs(e64[finite])
-            with np.errstate(divide="ignore", invalid="ignore"):
-                rel = np.where(denom > 0, errs / denom, np.inf)
-            out.max_rel = float(rel.max())
+            out.max_rel = _max_rel(errs, np.abs(e64[finite]))
         elif num_bad.any():
             out.max_abs = float("inf")
     else:
@@ -274,6 +272,16 @@ def _compare_values(path: str, steps: np.ndarray, a: np.ndarray, e: np.ndarray, 
     if batched and index:
         out.detail = f"values differ (system {index[0]})"
     return out
+
+
+def _max_rel(errs: np.ndarray, denom: np.ndarray) -> float:
+    """Largest ``errs / denom``; inf where ``denom`` is 0, or where the quotient exceeds float64
+    (a huge error over a subnormal expected value): divides only where ``denom > 0``, so no
+    divide-by-zero or overflow warning reaches the user's test run."""
+    rel = np.full(errs.shape, np.inf)
+    with np.errstate(over="ignore"):
+        np.divide(errs, denom, out=rel, where=denom > 0)
+    return float(rel.max())
 
 
 def _fmt_steps(steps: np.ndarray) -> str:
@@ -285,7 +293,6 @@ def _fmt_steps(steps: np.ndarray) -> str:
 def diff_trajectories(
     actual: Any,
     expected: Any,
-    *,
     rtol: float = 1e-7,
     atol: float = 0.0,
     records: Sequence[str] | str | None = None,
@@ -401,24 +408,25 @@ def provenance_notes(actual, expected) -> list[str]:
 # --------------------------------------------------------------------------- public API
 
 
-def assert_trajectory_close(
-    actual: Any,
-    expected: Any,
-    rtol: float = 1e-7,
-    atol: float = 0.0,
-    records: Sequence[str] | str | None = None,
-    steps: Any = None,
-    equal_nan: bool = True,
-    *,
-    hint: str | None = None,
-) -> None:
+def _share_options(fn):
+    """Show ``diff_trajectories``' options in ``fn``'s signature (``help``, IDEs): one declaration."""
+    own = inspect.signature(fn).parameters
+    params = [*inspect.signature(diff_trajectories).parameters.values(), own["hint"]]
+    fn.__signature__ = inspect.signature(fn).replace(parameters=params)
+    return fn
+
+
+@_share_options
+def assert_trajectory_close(actual: Any, expected: Any, *options: Any, hint: str | None = None, **kw: Any) -> None:
     """Assert two trajectories (runs, Trajectories or paths) match record by record.
 
-    ``records`` restricts the comparison to these records (leaf paths or prefixes); ``steps`` to a
-    slice/range/list of step numbers or a schedule. Raises AssertionError naming the first
-    divergent record, step and index, the error statistics and, as last line, ``hint``.
+    Takes ``diff_trajectories``' options, the one place they are declared: ``rtol=1e-7, atol=0.0,
+    records=None, steps=None, equal_nan=True`` (``records`` restricts the comparison to these
+    records, leaf paths or prefixes; ``steps`` to a slice/range/list of step numbers or a schedule).
+    Raises AssertionError naming the first divergent record, step and index, the error statistics
+    and, as last line, ``hint``.
     """
-    diff = diff_trajectories(actual, expected, rtol=rtol, atol=atol, records=records, steps=steps, equal_nan=equal_nan)
+    diff = diff_trajectories(actual, expected, *options, **kw)
     if not diff.ok:
         raise AssertionError(diff.report(hint=hint))
 
@@ -433,18 +441,16 @@ def check_golden(
     golden_path: str | os.PathLike,
     *,
     regen: bool,
-    rtol: float = 1e-7,
-    atol: float = 0.0,
-    records: Sequence[str] | str | None = None,
-    steps: Any = None,
-    equal_nan: bool = True,
+    **options: Any,
 ) -> str:
     """Compare ``actual`` with the golden file, or (``regen=True``) write it. Returns "ok" | "regenerated".
+    ``options``: those of ``assert_trajectory_close`` (rtol, atol, records, steps, equal_nan).
 
     Regeneration is unconditional (every golden a session touches is rewritten, not only failing
     ones) and atomic (written beside, then renamed), so parallel workers never see half a file.
     """
     golden_path = Path(golden_path)
+    inspect.signature(diff_trajectories).bind(actual, golden_path, **options)  # a misspelt option fails on regen too
     if regen:
         traj = as_trajectory(actual)
         golden_path.parent.mkdir(parents=True, exist_ok=True)
@@ -461,10 +467,7 @@ def check_golden(
             f"[jaxlog] golden trajectory {display_path(golden_path)} does not exist; "
             + regen_hint(golden_path, create=True)
         )
-    assert_trajectory_close(
-        actual, golden_path, rtol=rtol, atol=atol, records=records, steps=steps, equal_nan=equal_nan,
-        hint=regen_hint(golden_path),
-    )
+    assert_trajectory_close(actual, golden_path, hint=regen_hint(golden_path), **options)
     return "ok"
 
 

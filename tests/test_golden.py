@@ -129,6 +129,25 @@ def test_elementwise_rule_is_numpy_isclose(data, rtol, atol, equal_nan):
         assert rd.n_nan == (bad & (np.isnan(a) | np.isnan(e))).sum()
 
 
+@pytest.mark.filterwarnings("error")
+def test_relative_error_stats_warn_nothing():
+    """Huge errors over subnormal or zero expected values: max rel error is inf, and neither numpy
+    warning (overflow, divide by zero, invalid) reaches the user's test run (warnings are errors here)."""
+    e = np.array([[1e-310, 0.0, 1.0, -5e-324]])
+    a = np.array([[1e300, 1.0, 1.0, 1e308]])
+    with np.errstate(divide="warn", over="warn", invalid="warn"):  # numpy's defaults, whatever ran before
+        d = diff_trajectories(make_traj({"v": ([0], a)}), make_traj({"v": ([0], e)}), rtol=1e-7)
+        (rd,) = d.differences
+        assert (rd.n_diff, rd.index) == (3, (0,))
+        assert rd.max_rel == np.inf and rd.max_abs == 1e308
+        # finite quotients are exact; a zero expected value alone still gives inf
+        d = diff_trajectories(make_traj({"v": ([0], [[3.0, 2.0]])}), make_traj({"v": ([0], [[2.0, 0.0]])}))
+        assert d.differences[0].max_rel == np.inf and d.differences[0].max_abs == 2.0
+        d = diff_trajectories(make_traj({"v": ([0], [[3.0, 1e-300]])}), make_traj({"v": ([0], [[2.0, 1e-310]])}))
+        assert d.differences[0].max_rel == pytest.approx((1e-300 - 1e-310) / 1e-310)
+        assert "max rel error inf" in diff_trajectories(make_traj({"v": ([0], a)}), make_traj({"v": ([0], e)})).report()
+
+
 def test_bfloat16_and_complex_records():
     import ml_dtypes
 
@@ -315,3 +334,22 @@ def test_accepts_runs():
     c = jl.run(step, state, 10, record={"energy": energy})
     with pytest.raises(AssertionError, match="steps differ"):
         jl.assert_trajectory_close(c, a)
+
+
+def test_comparison_options_declared_once(tmp_path):
+    """assert_trajectory_close and check_golden take diff_trajectories' options (positional too,
+    as documented), show them in their signature, and reject a misspelt one even when regenerating."""
+    import inspect
+
+    sig = inspect.signature(jl.assert_trajectory_close)
+    assert list(sig.parameters)[2:] == ["rtol", "atol", "records", "steps", "equal_nan", "hint"]
+    assert sig.parameters["rtol"].default == 1e-7 and sig.parameters["hint"].kind is inspect.Parameter.KEYWORD_ONLY
+    a, e = make_traj({"v": ([0, 1], [1.0, 2.0])}), make_traj({"v": ([0, 1], [1.0, 2.1])})
+    jl.assert_trajectory_close(a, e, 0.1)
+    with pytest.raises(AssertionError, match="(?s)rtol=0.001.*HINT"):
+        jl.assert_trajectory_close(a, e, 1e-3, hint="HINT")
+    with pytest.raises(TypeError, match="rtoll"):
+        check_golden(a, tmp_path / "g.h5", regen=True, rtoll=1e-3)
+    assert not (tmp_path / "g.h5").exists()
+    assert check_golden(a, tmp_path / "g.h5", regen=True, rtol=0) == "regenerated"
+    assert check_golden(a, tmp_path / "g.h5", regen=False, rtol=0, records="v", steps=[0, 1]) == "ok"
