@@ -134,6 +134,10 @@ class CompileEvent:
 _hook_lock = threading.RLock()
 _open_trackers: list["CompileTracker"] = []
 _saved_level: int | None = None
+# When only we lowered the logger to DEBUG, its records stop propagating (so pytest's log capture
+# and users' handlers do not fill with "Compiling ..." lines) and we forward those at or above the
+# level that was in force before.
+_forward_from: int | None = None
 
 
 class _Handler(logging.Handler):
@@ -153,6 +157,10 @@ class _Handler(logging.Handler):
                 t._on_lowering(name, avals, thread)
         except Exception:  # never break a user's compile because of bookkeeping
             pass
+        finally:
+            forward_from, parent = _forward_from, logging.getLogger(_COMPILE_LOGGER).parent
+            if forward_from is not None and record.levelno >= forward_from and parent is not None:
+                parent.handle(record)
 
 
 _handler = _Handler(level=logging.DEBUG)
@@ -170,21 +178,24 @@ def _on_duration(event: str, duration: float, **kwargs: Any) -> None:
 
 
 def _hook(tracker: "CompileTracker") -> None:
-    global _saved_level
+    global _saved_level, _forward_from
     import jax.monitoring
 
     with _hook_lock:
         if not _open_trackers:
             logger = logging.getLogger(_COMPILE_LOGGER)
             _saved_level = logger.level
-            if logger.getEffectiveLevel() > logging.DEBUG:
+            if logger.getEffectiveLevel() > logging.DEBUG and logger.propagate:
+                _forward_from = logger.getEffectiveLevel()
                 logger.setLevel(logging.DEBUG)
+                logger.propagate = False
             logger.addHandler(_handler)
             jax.monitoring.register_event_duration_secs_listener(_on_duration)
         _open_trackers.append(tracker)
 
 
 def _unhook(tracker: "CompileTracker") -> None:
+    global _forward_from
     import jax.monitoring
 
     with _hook_lock:
@@ -193,6 +204,9 @@ def _unhook(tracker: "CompileTracker") -> None:
         if not _open_trackers:
             logger = logging.getLogger(_COMPILE_LOGGER)
             logger.removeHandler(_handler)
+            if _forward_from is not None:
+                logger.propagate = True
+                _forward_from = None
             if _saved_level is not None:
                 logger.setLevel(_saved_level)
             try:

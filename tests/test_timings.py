@@ -201,3 +201,36 @@ def test_eager_ops_exclude_signatures_and_timeline(tmp_path):
     assert len(slices) == 2
     assert [s.dur_s for s in slices] == pytest.approx([ev.seconds for ev in default.events], abs=1e-6)
     assert slices[0].args["args"] == "f32[5], weak_type f32[]"
+
+
+def test_tracking_does_not_flood_users_log_handlers():
+    """The tracker lowers JAX's lowering logger to DEBUG to read "Compiling ..." records; those must
+    not reach handlers that never asked for DEBUG (pytest's log capture), while warnings still do."""
+    import logging
+
+    import jax
+    import jax.numpy as jnp
+
+    from pytest_jaxlog._timings import _COMPILE_LOGGER, CompileTracker
+
+    seen: list[logging.LogRecord] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            seen.append(record)
+
+    root = logging.getLogger()
+    handler = Collect(level=logging.NOTSET)
+    root.addHandler(handler)
+    try:
+        f = jax.jit(lambda x: jnp.sin(x) * 3.0)
+        with CompileTracker() as tracker:
+            f(jnp.ones(7))
+            logging.getLogger(_COMPILE_LOGGER).warning("a real warning")
+    finally:
+        root.removeHandler(handler)
+    assert tracker.count == 1
+    messages = [r.getMessage() for r in seen if r.name == _COMPILE_LOGGER]
+    assert "a real warning" in messages
+    assert not any(m.startswith("Compiling") for m in messages), messages
+    assert logging.getLogger(_COMPILE_LOGGER).propagate is True
