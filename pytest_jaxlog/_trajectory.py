@@ -33,43 +33,50 @@ def _open(path: Path) -> h5py.File:
         raise
 
 
-def _frame_index(index: Any, n: int) -> tuple[Any, Any]:
-    """Split ``index`` into what h5py reads on the frame axis and what numpy applies after."""
-    rest = ()
-    if isinstance(index, tuple):
-        index, rest = (index[0], index[1:]) if index else (slice(None), ())
-    return index, rest
-
-
 def _read(ds: h5py.Dataset, n: int, index: Any) -> np.ndarray:
-    """Read frames ``index`` (of the first ``n``) from ``ds``, touching only those on disk."""
-    if 0 in ds.shape[1:]:  # h5py cannot select in zero-size dataspaces; nothing to read anyway
-        empty = np.empty((n, *ds.shape[1:]), dtype=ds.dtype)
-        if index is None:
-            return empty
-        index, rest = _frame_index(index, n)
-        out = empty[index]
-        return out[rest] if rest else out
+    """``values[:n][index]`` with numpy's semantics, reading only the frames ``index`` selects.
+
+    The frame-axis part of ``index`` (an int, a slice, an int/bool array) is read from disk as a
+    block; the whole index is then applied to that block with the frame part remapped into it,
+    so trailing indices (``traj["x", 2:4, 1]``), several advanced indices broadcasting together,
+    and out-of-range errors behave exactly as on the in-memory array. Anything else on the frame
+    axis (``...``, ``None``) reads the ``n`` frames and lets numpy index them."""
     if index is None:
         return ds[:n] if n else ds[:0]
-    index, rest = _frame_index(index, n)
-    if isinstance(index, (int, np.integer)):
-        i = int(index)
+    if isinstance(index, tuple):
+        first, rest = (index[0], index[1:]) if index else (slice(None), ())
+    else:
+        first, rest = index, ()
+    if 0 in ds.shape[1:]:  # h5py cannot select in zero-size dataspaces; nothing to read anyway
+        return np.empty((n, *ds.shape[1:]), dtype=ds.dtype)[index]
+    if first is Ellipsis or first is None:
+        return (ds[:n] if n else ds[:0])[index]
+    if isinstance(first, (int, np.integer)) and not isinstance(first, (bool, np.bool_)):
+        i = int(first)
         if not -n <= i < n:
             raise IndexError(f"frame index {i} out of range for {n} frames")
-        out = ds[i % n]
-    elif isinstance(index, slice):
-        start, stop, step = index.indices(n)
+        block, local = ds[i % n : i % n + 1], 0
+    elif isinstance(first, slice):
+        start, stop, step = first.indices(n)
         if step > 0:
-            out = ds[start:stop:step] if stop > start else ds[0:0]
+            block = ds[start:stop:step] if stop > start else ds[0:0]
         else:
             idx = np.arange(start, stop, step)
-            out = ds[idx[::-1]][::-1] if len(idx) else ds[0:0]
+            block = ds[idx[::-1]][::-1] if len(idx) else ds[0:0]
+        local = slice(None)
     else:
-        idx = np.arange(n)[np.asarray(index)]
+        arr = np.asarray(first)
+        if arr.dtype == np.bool_:
+            if arr.ndim != 1:  # a multi-axis mask spans more than the frame axis: let numpy do it
+                return (ds[:n] if n else ds[:0])[index]
+            if len(arr) != n:
+                raise IndexError(f"boolean frame index of length {len(arr)} for {n} frames")
+            arr = np.flatnonzero(arr)
+        idx = np.arange(n)[arr]  # IndexError for out-of-range entries, like numpy
         uniq, inverse = np.unique(idx, return_inverse=True)
-        out = ds[uniq][inverse] if len(uniq) else ds[0:0]
-    return out[rest] if rest else out
+        block = ds[uniq] if len(uniq) else ds[0:0]
+        local = inverse.reshape(idx.shape)
+    return np.asarray(block)[(local, *rest)]
 
 
 def _nest(flat: dict[str, Any], prefix: str) -> dict:

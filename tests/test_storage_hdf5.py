@@ -466,3 +466,26 @@ def test_save_is_gzip_shuffled_exactly_chunked_and_bit_exact(tmp_path):
         assert f["observables/e/value"].compression is None and not f["observables/e/value"].shuffle
     assert raw.stat().st_size < _data_bytes(raw) + 64 * 1024
     assert gz.stat().st_size < raw.stat().st_size  # steps and times compress even when values do not
+
+
+def test_file_indexing_matches_numpy_on_the_values(tmp_path):
+    """traj[name, frames, more...] on a file reads only the selected frames but means exactly what
+    numpy means on the in-memory array (trailing indices, Ellipsis, broadcast fancy indices)."""
+    schema = simple_schema(shape=(3, 2))
+    w = HDF5Writer(tmp_path / "t.h5")
+    w.open(schema, {})
+    fr = frames_for(schema, 0, 9)
+    w.write(fr)
+    w.close("complete", steps_done=9)
+    traj = load(tmp_path / "t.h5")
+    full = fr.values["state/x"]
+    keys = [slice(2, 4), -1, [5, 0, 5], np.arange(10) % 3 == 0, slice(None, None, -3), np.int64(4),
+            (slice(2, 4), 1), (slice(2, 4), 1, 0), (-1, 0), (Ellipsis, 0), (slice(None), Ellipsis, 1),
+            ([0, 1], [0, 2]), ([[0, 1], [2, 3]],), (None, 1), ([3, 1], slice(None), [1, 0])]
+    for key in keys:
+        got = traj["state/x", key] if not isinstance(key, tuple) else traj[("state/x", *key)]
+        np.testing.assert_array_equal(got, full[key], err_msg=repr(key))
+        assert got.shape == full[key].shape, key
+    for bad in (10, -11, [0, 20], (0, 3)):
+        with pytest.raises(IndexError):
+            traj["state/x", bad] if not isinstance(bad, tuple) else traj[("state/x", *bad)]
