@@ -569,7 +569,13 @@ class _PredicateChecker(Checker):
             arg: Any = present[0][1]
         else:
             arg = {leaf.path[len(self.prefix) + 1 :]: b[1] for leaf, b in zip(self.leaves, batches)}
-        ok = np.asarray(inv.predicate(arg))
+        try:
+            ok = np.asarray(inv.predicate(arg))
+        except Exception as exc:  # the user's predicate broke: say which invariant, record and steps
+            raise JaxlogError(
+                f"invariant {inv.name}: the predicate raised {type(exc).__name__}: {exc} "
+                f"(record {self.prefix!r}, steps {int(steps[0])}..{int(steps[-1])})"
+            ) from exc
         n_sys = self.schema.n_systems
         allowed = [(n,)] + ([(n, n_sys)] if self.batched and n_sys is not None else [])
         if ok.shape not in allowed:

@@ -314,6 +314,15 @@ def test_predicate_with_wrong_shape_is_an_error_naming_it():
         c.check(frames(p=([0, 1], np.ones((2, 3)))))
 
 
+def test_predicate_that_raises_is_an_error_naming_the_invariant_record_and_steps():
+    schema = Schema((leaf("p", (3,)),))
+    c = invariant("broken", lambda p: p.sum(axis=1) / undefined_name, "p").bind(schema)  # noqa: F821
+    with pytest.raises(JaxlogError, match=r"^\[jaxlog\] invariant broken: the predicate raised NameError: .*"
+                                          r"record 'p', steps 4\.\.5") as info:
+        c.check(frames(p=([4, 5], np.ones((2, 3)))))
+    assert isinstance(info.value.__cause__, NameError)
+
+
 def test_recent_values_span_batches_of_one_frame():
     schema = Schema((leaf("x"),))
     c = finite("x").bind(schema)
