@@ -783,6 +783,19 @@ def check_on_violation(mode: Any) -> str:
     return mode
 
 
+def as_list(invariants: Iterable[Invariant] | Invariant | None) -> tuple:
+    """``invariants=`` as a tuple: None, one invariant or an iterable of them."""
+    if invariants is None:
+        return ()
+    if isinstance(invariants, Invariant):
+        return (invariants,)
+    try:
+        return tuple(invariants)
+    except TypeError:
+        raise JaxlogError(f"invariants= takes jl.finite/bounded/conserved/monotonic/invariant objects "
+                          f"(one, or a list of them), got {invariants!r}") from None
+
+
 def bind_all(invariants: Iterable[Invariant] | Invariant | None, schema: Schema) -> list[Checker]:
     """Bind every invariant (before the run: raises JaxlogError on unrecorded records)."""
     if invariants is None:

@@ -17,7 +17,7 @@ from jax import lax
 
 from ._drive import SinkSet, Watch, add_compiles, compile_tracker, make_timings, provenance, Clock
 from ._errors import JaxlogError
-from ._invariants import check_on_violation, warn_violation
+from ._invariants import as_list, check_on_violation, warn_violation
 from ._frames import Frames, Schema
 from ._records import AUX, normalize_records
 from ._resolve import resolve_schema
@@ -49,7 +49,7 @@ class Recorder:
             raise JaxlogError(f"flush_every must be an int >= 1, got {flush_every!r}")
         self.specs = tuple(normalize_records(record, reserved=(AUX,)))
         self.sink_arg = sinks
-        self.invariants = invariants
+        self.invariants = as_list(invariants)
         self.flush_every = int(flush_every)
         self.dt = dt
         self.batched = bool(batched)

@@ -29,7 +29,7 @@ from jax import lax
 
 from ._drive import SinkSet, Watch, add_compiles, compile_tracker, make_timings, provenance, Clock
 from ._errors import JaxlogError
-from ._invariants import check_on_violation, warn_violation
+from ._invariants import as_list, check_on_violation, warn_violation
 from ._frames import Frames, Schema
 from ._records import AUX, RecordSpec, normalize_records
 from ._resolve import flatten_view, resolve_schema, state_paths
@@ -238,6 +238,7 @@ def run(step: Callable, state: Any, steps: int, *, record: Any = None, invariant
     if not callable(step):
         raise JaxlogError(f"step must be callable, got {step!r}")
     check_on_violation(on_violation)
+    invariants = as_list(invariants)
     postmortem = int(postmortem)
     keyed = key is not None
     specs = tuple(normalize_records(record, reserved=(AUX,)))

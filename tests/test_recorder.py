@@ -241,3 +241,12 @@ def test_compiles_show_a_weak_type_flip():
             again.log(c, k)
             c = decay(c)
     again.timings.assert_compiles(0)
+
+
+def test_a_single_invariant_needs_no_list():
+    with jl.Recorder({"e": energy}, invariants=jl.finite("e")) as rec:
+        _loop(rec, 3)
+    assert rec.status == "complete"
+    with jl.Recorder({"e": energy}, invariants=jl.bounded("e", hi=0.0)) as rec:  # no log(): closes cleanly
+        pass
+    assert rec.status == "complete"

@@ -451,3 +451,12 @@ def test_invariant_violations_are_instants_on_the_timeline(tmp_path):
     back = load_trace(tl.write(tmp_path / "v.pftrace"))
     marks = back.instants()
     assert sorted((m.name, m.args["step"]) for m in marks) == [("bounded(t, hi=12)", 13), ("bounded(t, hi=6)", 7)]
+
+
+def test_a_single_invariant_needs_no_list():
+    run = jl.run(osc, STATE, 6, chunk=4, record={"e": energy}, invariants=jl.finite("e"))
+    assert run.status == "complete" and run.steps_done == 6
+    with pytest.raises(jl.InvariantViolation, match=r"bounded\(e, hi=-100.0\) violated at step 0"):
+        jl.run(osc, STATE, 6, chunk=4, record={"e": energy}, invariants=jl.bounded("e", hi=-100.0))
+    with pytest.raises(jl.JaxlogError, match="invariants= takes"):
+        jl.run(osc, STATE, 6, record={"e": energy}, invariants=3)
