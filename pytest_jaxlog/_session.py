@@ -296,10 +296,13 @@ class JaxlogSession:
         """The item's state, created (with a fresh artifact directory) on first use."""
         state = item.stash.get(STATE_KEY, None)
         if state is None:
+            error = None
             try:
                 settings = marker_settings(item, self.settings)
             except JaxlogError as e:
-                pytest.fail(str(e), pytrace=False)
+                error = str(e)
+            if error is not None:  # outside the except: no "During handling ..." repeat of the message
+                pytest.fail(error, pytrace=False)
             d = self.base / safe_name(item.nodeid)
             if d.exists():  # stale from an earlier session: never mix runs
                 shutil.rmtree(d, ignore_errors=True)

@@ -99,7 +99,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         try:
             marker_settings(item, item.config.stash[SESSION_KEY].settings)
         except JaxlogError as e:
-            pytest.fail(str(e), pytrace=False)
+            error = str(e)
+        else:
+            return
+        pytest.fail(error, pytrace=False)  # outside the except: no "During handling ..." repeat of the message
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

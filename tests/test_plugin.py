@@ -176,6 +176,8 @@ def test_marker_validation(pytester):
             "*test_positional: @pytest.mark.jaxlog takes keyword arguments only*",
         ]
     )
+    # each error says it once: not chained to the JaxlogError it came from ("During handling ...")
+    assert "During handling of the above exception" not in result.stdout.str()
 
 
 def test_disabled_with_no_jaxlog(pytester):
