@@ -119,7 +119,7 @@ class Recorder:
             try:
                 new = _log_into(key, state, tuple(bufs), tuple(len(self._steps[i]) for i in idx))
             except _ShapeChange as e:
-                raise JaxlogError(f"record {e.path!r} at step {step}: {e.detail}") from None
+                raise JaxlogError(f"record {e.path!r} at step {step}: {e.detail}") from e.__cause__
             for i, b in zip(idx, new):
                 self._bufs[i] = b
                 self._steps[i].append(step)
@@ -307,10 +307,16 @@ def _log_impl(key: _LogKey, state, bufs, rows):
     """Evaluate the scheduled views and write them into row ``rows[j]`` of their device buffers."""
     out = []
     for i, buf, row in zip(key.idx, bufs, rows):
-        vals = _views(key.specs, state, (i,))
+        try:
+            vals = _views(key.specs, state, (i,))
+        except Exception as exc:  # the user's view broke on this state: name the record
+            err = _ShapeChange(key.specs[i].name, f"the view raised {type(exc).__name__}: {exc}")
+            raise err from exc
         new = {}
         for p, b in buf.items():
             v = vals.get(p)
+            if v is not None and not hasattr(v, "shape"):  # a Python scalar in the view's output
+                v = jnp.asarray(v, b.dtype)
             if v is None or tuple(v.shape) != tuple(b.shape[1:]) or np.dtype(v.dtype) != np.dtype(b.dtype):
                 got = "nothing" if v is None else f"{np.dtype(v.dtype)}{list(v.shape)}"
                 raise _ShapeChange(p, f"got {got}, the schema says {np.dtype(b.dtype)}{list(b.shape[1:])} "

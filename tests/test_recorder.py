@@ -250,3 +250,25 @@ def test_a_single_invariant_needs_no_list():
     with jl.Recorder({"e": energy}, invariants=jl.bounded("e", hi=0.0)) as rec:  # no log(): closes cleanly
         pass
     assert rec.status == "complete"
+
+
+def test_view_that_raises_or_returns_python_scalars():
+    def picky(s):
+        if s["x"].shape[0] > N:
+            raise ValueError("too many atoms")
+        return s["x"]
+
+    sink = MemorySink()
+    with pytest.raises(jl.JaxlogError, match=r"record 'p' at step 2: the view raised ValueError: too many atoms") as info:
+        with jl.Recorder({"p": picky}, sinks=[sink]) as rec:
+            rec.log(STATE, 0)
+            rec.log(STATE, 1)
+            rec.log({"x": jnp.zeros(N + 1), "v": jnp.zeros(N + 1)}, 2)
+    assert isinstance(info.value.__cause__, ValueError)
+    assert sink.status == "failed" and list(sink.frames().steps["p"]) == [0, 1]
+
+    with jl.Recorder({"c": lambda s: {"one": 1, "half": 0.5, "e": energy(s)}}) as rec:
+        _loop(rec, 3)
+    t = rec.trajectory
+    np.testing.assert_array_equal(t["c/one"], [1, 1, 1, 1])
+    np.testing.assert_array_equal(t["c/half"], np.full(4, 0.5, np.float32))
