@@ -316,11 +316,13 @@ class ProfileWindow:
                     raise
 
 
-def check_windows(windows: "ProfileWindow | Sequence[ProfileWindow] | None", steps: int | None = None
-                  ) -> tuple[ProfileWindow, ...]:
-    """Normalise ``profile=`` to a sorted tuple; JaxlogError on overlap, reuse or a window past ``steps``.
+def check_windows(windows: "ProfileWindow | Sequence[ProfileWindow] | None", steps: int | None = None,
+                  first: int = 0) -> tuple[ProfileWindow, ...]:
+    """Normalise ``profile=`` to a sorted tuple; JaxlogError on overlap, reuse or a window outside the run.
 
-    Work steps of a run of ``steps`` steps are ``0..steps-1``.
+    The run does work steps ``first..steps-1`` (``steps`` is the last step number: ``first`` is the
+    ``start_step`` of a resumed run); a window must lie inside them, or it would capture only part
+    of its steps, or none, without a word.
     """
     if windows is None:
         return ()
@@ -341,7 +343,9 @@ def check_windows(windows: "ProfileWindow | Sequence[ProfileWindow] | None", ste
     for w in ws:
         if w.done or w.active:
             raise JaxlogError(f"profile window {w.describe()} was already used; make a new one per run")
-        if steps is not None and w.stop >= steps:
-            raise JaxlogError(f"profile window {w.describe()} ends at work step {w.stop} but the run "
-                              f"does {steps} steps (work steps 0..{steps - 1})")
+        if steps is not None and (w.stop >= steps or w.start < first):
+            where = f"ends at work step {w.stop}" if w.stop >= steps else f"starts at work step {w.start}"
+            does = (f"does {steps} steps (work steps 0..{steps - 1})" if not first else
+                    f"resumes at step {first} (work steps {first}..{steps - 1})")
+            raise JaxlogError(f"profile window {w.describe()} {where} but the run {does}")
     return tuple(ws)

@@ -262,7 +262,7 @@ def _run(step, state, steps, specs, invariants, sinks, key, keyed, dt, chunk, pr
     from ._profile import check_windows
 
     end = start_step + steps
-    windows = check_windows(profile, end) if profile is not None else ()
+    windows = check_windows(profile, end, start_step) if profile is not None else ()
     state = jax.tree_util.tree_map(jnp.asarray, state)
     if keyed:
         key = jnp.asarray(key)

@@ -138,6 +138,9 @@ def test_overlapping_windows_and_bad_input(tmp_path):
     with pytest.raises(JaxlogError, match=r"work steps 0..8"):
         check_windows([c], steps=9)
     check_windows([c], steps=10)
+    with pytest.raises(JaxlogError, match=r"starts at work step 0 but the run resumes at step 2 \(work steps 2..9\)"):
+        check_windows([a], steps=10, first=2)  # a resumed run would capture steps 2..4 only
+    check_windows([c], steps=10, first=9)
     with pytest.raises(JaxlogError, match="before start"):
         ProfileWindow(5, 4, tmp_path)
     with pytest.raises(JaxlogError, match=">= 0"):

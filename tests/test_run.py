@@ -460,3 +460,13 @@ def test_a_single_invariant_needs_no_list():
         jl.run(osc, STATE, 6, chunk=4, record={"e": energy}, invariants=jl.bounded("e", hi=-100.0))
     with pytest.raises(jl.JaxlogError, match="invariants= takes"):
         jl.run(osc, STATE, 6, record={"e": energy}, invariants=3)
+
+
+def test_profile_window_outside_a_resumed_run_is_an_error(tmp_path):
+    # work steps of this run are 3..8: a window on steps 1..2 (or 2..4) would capture nothing (or
+    # part of itself) without a word; refused before any step runs or any profiler starts
+    for lo, hi in ((1, 2), (2, 4)):
+        win = jl.ProfileWindow(lo, hi, tmp_path)
+        with pytest.raises(jl.JaxlogError, match=rf"starts at work step {lo} but the run resumes at step 3"):
+            jl.run(osc, STATE, 6, start_step=3, record={"e": energy}, profile=win)
+        assert not win.active and not win.done and not list(tmp_path.iterdir())
