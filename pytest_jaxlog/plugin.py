@@ -66,13 +66,13 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: Any) -> Iterator[Any]:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
     session = item.config.stash[SESSION_KEY]
     entry = None
-    if call.when == "call" and call.excinfo is not None:
+    if call.when in ("setup", "call") and call.excinfo is not None:  # setup: a fixture that ran a kernel failed
         session.note_failure(item, call.excinfo)
     elif call.when == "teardown":
         entry = session.finish_item(item, call.excinfo)  # before the report copies user_properties
     report = yield
     item.stash.setdefault(REPORTS_KEY, {})[call.when] = report
-    if call.when == "call" and report.failed:
+    if call.when in ("setup", "call") and report.failed:
         text = session.section(item)
         if text:
             report.sections.append(("jaxlog", text))

@@ -62,6 +62,13 @@ def test_runs(jaxlog):
 def test_violation(jaxlog):
     jaxlog.run(explode, STATE, 20, record={"energy": energy}, invariants=[jl.conserved("energy", rtol=0.1)])
 
+@pytest.fixture
+def exploded(jaxlog):  # a fixture that runs the kernel: a violation there is a setup error
+    return jaxlog.run(explode, STATE, 20, record={"energy": energy}, invariants=[jl.conserved("energy", rtol=0.1)])
+
+def test_uses_exploded(exploded):
+    pass
+
 @pytest.mark.jaxlog(on_violation="warn")
 def test_warn(jaxlog):
     with pytest.warns(jl.JaxlogRuntimeWarning):
@@ -103,8 +110,12 @@ def _props(xml_path):
 def test_fixture_runs_violations_sections_and_junit(pytester):
     pytester.makepyfile(test_suite=SUITE)
     result = pytester.runpytest("--junitxml=out.xml", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=4, failed=1)
+    result.assert_outcomes(passed=4, failed=1, errors=1)
     text = result.stdout.str()
+    # a violation in a fixture (setup error) gets the jaxlog section too
+    result.stdout.fnmatch_lines(["*ERROR at setup of test_uses_exploded*", "*- jaxlog -*", "violation: *conserved(energy*",
+                                 "artifacts: .jaxlog/test_suite.test_uses_exploded",
+                                 "  trajectory: .jaxlog/test_suite.test_uses_exploded/trajectory.h5"])
     # the violation fails the test as a failure with the invariant's message, and a jaxlog section
     result.stdout.fnmatch_lines(["*InvariantViolation*conserved(energy*", "*- jaxlog -*", "violation: *conserved(energy*",
                                  "artifacts: .jaxlog/test_suite.test_violation",
