@@ -89,6 +89,7 @@ class Timeline:
         self.name = name
         self._lock = threading.Lock()
         self._ev = _Events()
+        self._counter_last: dict[str, int] = {}
 
     # -- collecting ---------------------------------------------------------------------------
     def _track(self, track: str) -> None:
@@ -121,12 +122,26 @@ class Timeline:
                                               dict(args) if args else None))
 
     def counter_series(self, name: str, ts_ns: Any, values: Any, unit: str | None = None) -> None:
-        """Append points to the counter track ``name`` (e.g. energy against time)."""
+        """Append points to the counter track ``name`` (e.g. energy against time).
+
+        Points are in record order: each series is placed strictly after the track's previous
+        points (its timestamps that are not are moved up to just after them), so a counter never shows
+        values out of step order. The drivers stamp a chunk's frames between its dispatch and
+        the time they reached the host, and chunk i+1 is dispatched before chunk i's frames
+        arrive, so consecutive chunks' intervals overlap."""
         ts = np.asarray(ts_ns, dtype=np.int64).reshape(-1)
         vals = np.asarray(values, dtype=np.float64).reshape(-1)
         if ts.shape != vals.shape:
             raise ValueError(f"[jaxlog] counter {name!r}: {ts.size} timestamps for {vals.size} values")
+        if not ts.size:
+            return
+        ramp = np.arange(ts.size, dtype=np.int64)
+        ts = np.maximum.accumulate(ts - ramp) + ramp  # strictly increasing within the series
         with self._lock:
+            last = self._counter_last.get(name)
+            if last is not None and ts[0] <= last:  # squeeze the overlap (no drift across chunks)
+                ts = np.maximum(ts, last + 1 + ramp)
+            self._counter_last[name] = int(ts[-1])
             self._ev.counters.append(_Counter(name, ts.copy(), vals.copy(), unit))
 
     @property

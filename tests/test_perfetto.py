@@ -153,3 +153,18 @@ def test_overlapping_slices_on_one_track_stay_well_formed(tmp_path):
     got = {s.name: (s.track, round(s.start_s * 1e9), round(s.dur_s * 1e9)) for s in back.slices()}
     assert got == {"a": ("host", 0, 100), "c": ("host", 10, 10), "zero": ("host", 100, 0),
                    "b": ("host (overlap)", 50, 100)}
+
+
+def test_counter_series_keep_record_order_when_their_intervals_overlap(tmp_path):
+    """Chunk i+1 is dispatched before chunk i's frames reach the host, so the drivers hand over
+    series whose time intervals overlap; the counter must still read in record order."""
+    tl = Timeline()
+    tl.counter_series("e", [100, 200, 300], [0.0, 1.0, 2.0])
+    tl.counter_series("e", [150, 400], [3.0, 4.0])  # starts before the previous series ended
+    tl.counter_series("e", [250, 250, 250], [5.0, 6.0, 7.0])  # equal stamps
+    tl.counter_series("f", [10], [9.0])  # another track keeps its own clock
+    back = load_trace(tl.write(tmp_path / "t.pftrace"))
+    ts, vals = back.counters["e"]
+    assert list(vals) == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
+    assert np.all(np.diff(ts) > 0) and round(ts[-4] * 1e9) == 400  # squeezed, not shifted: no drift
+    assert list(back.counters["f"][1]) == [9.0]

@@ -370,13 +370,19 @@ def test_hdf5_sink_trajectory_is_loaded(tmp_path):
     _traj_equal(t, mem.trajectory)
 
 
-def test_timeline_slices_and_counters():
+def test_timeline_slices_and_counters(tmp_path):
     from pytest_jaxlog._perfetto import Timeline
+    from pytest_jaxlog._trace import load_trace
 
     tl = Timeline()
-    jl.run(osc, STATE, 20, record={"e": energy, "x": positions}, chunk=5, timeline=tl, progress=False)
-    assert len(tl.slices("dispatch")) == 4 and len(tl.slices("host")) == 4
+    jl.run(osc, STATE, 20, record={"e": energy, "x": positions}, chunk=3, timeline=tl, progress=False)
+    assert len(tl.slices("dispatch")) == 7 and len(tl.slices("host")) == 7
     assert "e" in tl.counter_names()
+    # the counter reads in step order across chunks (their time intervals overlap)
+    run = jl.run(osc, STATE, 20, record={"e": energy}, chunk=3, progress=False)
+    ts, vals = load_trace(tl.write(tmp_path / "t.pftrace")).counters["e"]
+    np.testing.assert_array_equal(vals, np.asarray(run.trajectory["e"], np.float64))
+    assert np.all(np.diff(ts) > 0)
 
 
 def test_profile_window_steps_are_identical(tmp_path):
