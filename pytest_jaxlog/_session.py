@@ -33,7 +33,7 @@ MANIFEST_VERSION = 1
 OPTIONS = {
     "dir": ("jaxlog_dir", ".jaxlog", "directory for trajectories, traces and manifest.json"),
     "keep": ("jaxlog_keep", "failed", "which tests keep their artifact directory: failed|all|none"),
-    "profile": ("jaxlog_profile", "none", "profile work steps START:STOP (inclusive) of every jaxlog run, or none"),
+    "profile": ("jaxlog_profile", "none", "profile work steps START:STOP (inclusive) of every jaxlog run (skipped or clipped, with a note, for runs that end sooner), or none"),
     "on_violation": ("jaxlog_on_violation", "raise", "invariant violation: raise (test fails) or warn"),
     "progress": ("jaxlog_progress", "auto", "progress bar of jaxlog runs: auto|on|off"),
     "chunk": ("jaxlog_chunk", "auto", "steps per device chunk of jaxlog runs: N or auto"),
@@ -224,6 +224,8 @@ class TestState:
     examples: int = 0
     kept_example: Path | None = None
     violation_objs: list = field(default_factory=list)
+    profile_source: str = "--jaxlog-profile"  # where settings.profile came from (marker or option/ini)
+    notes: list[str] = field(default_factory=list)  # e.g. a default profile window that did not fit a run
     fixtures: list = field(default_factory=list)  # JaxlogFixture objects of this test (refreshed for reports)
 
     def add_artifacts(self, artifacts: dict[str, Path], label: str) -> None:
@@ -307,6 +309,8 @@ class JaxlogSession:
             if d.exists():  # stale from an earlier session: never mix runs
                 shutil.rmtree(d, ignore_errors=True)
             state = TestState(item.nodeid, d, settings)
+            if any("profile" in m.kwargs for m in item.iter_markers("jaxlog")):
+                state.profile_source = "@pytest.mark.jaxlog(profile=...)"
             item.stash[STATE_KEY] = state
         return state
 
@@ -343,6 +347,7 @@ class JaxlogSession:
             "violations": state.violation_json or [{"message": m} for m in state.violations],
             "compiles": state.compiles,
             "goldens": [dict(g, path=_rel(Path(g["path"]), self.rootdir)) for g in state.goldens],
+            "notes": list(state.notes),
             "examples": state.examples,
             "worker": (self.worker or {}).get("workerid"),
         }
@@ -370,6 +375,8 @@ class JaxlogSession:
         for key, path in state.artifacts.items():
             lines.append(f"  {key}: {self.display(path)}")
         lines.append(f"compiles: {state.compiles}")
+        for note in state.notes:
+            lines.append(f"note: {note}")
         if state.settings.keep == "none":
             lines.append("(artifacts are removed at teardown: --jaxlog-keep=none)")
         return "\n".join(lines)
@@ -418,6 +425,14 @@ class JaxlogSession:
             tr.write_line(f"  {e['outcome'].upper():8} {e['nodeid']} -> {self.display(self.base / e['dir'])}")
         if len(kept) > limit:
             tr.write_line(f"  ... and {len(kept) - limit} more (see manifest.json)")
+        notes = [(e["nodeid"], n) for e in sorted(self.entries.values(), key=lambda e: e["nodeid"])
+                 for n in e.get("notes", ())]
+        if notes:
+            tr.write_line(f"notes ({len(notes)}):")
+            for nodeid, note in notes[:limit]:
+                tr.write_line(f"  {nodeid}: {note}")
+            if len(notes) > limit:
+                tr.write_line(f"  ... and {len(notes) - limit} more (see manifest.json)")
         if regenerated:
             tr.write_line(f"regenerated {len(regenerated)} golden trajectories (--jaxlog-regen):")
             for g in regenerated:
@@ -497,14 +512,34 @@ class JaxlogFixture:
         label = stem if self._dir == self._state.dir else f"{self._dir.name}/{stem}"
         self._state.add_artifacts(artifacts, label)
 
-    def _window(self, profile: Any, stem: str) -> Any:
+    def _window(self, profile: Any, stem: str, steps: Any = None, start_step: Any = 0) -> Any:
+        """The run's ProfileWindow. An explicit ``profile=`` is used as given (jl.run rejects one past the
+        run). The default from the marker/option applies to every run of the test, short ones included:
+        a window outside the run's work steps is skipped, one that sticks out is clipped, with a note
+        (report section, manifest, terminal summary) instead of an error."""
         from ._profile import ProfileWindow
 
-        if profile is _UNSET:
+        default = profile is _UNSET
+        if default:
             profile = self.settings.profile
         if profile is None or isinstance(profile, ProfileWindow):
             return profile
         start, stop = parse_profile(profile, f"{self._state.nodeid}: profile=")  # type: ignore[misc]
+        if default:
+            try:
+                lo = int(start_step)
+                hi = lo + int(steps) - 1  # the run's work steps lo..hi
+            except (TypeError, ValueError):  # bad steps/start_step: jl.run reports them
+                lo = hi = None
+            if lo is not None and (start < lo or stop > hi):
+                what = f"profile window {start}:{stop} ({self._state.profile_source})"
+                label = stem if self._dir == self._state.dir else f"{self._dir.name}/{stem}"
+                steps_text = f"work steps {lo}..{hi}" if hi >= lo else "no work steps"
+                if stop < lo or start > hi:
+                    self._state.notes.append(f"{what} skipped for run {label!r}: it has {steps_text}")
+                    return None
+                start, stop = max(start, lo), min(stop, hi)
+                self._state.notes.append(f"{what} clipped to {start}:{stop} for run {label!r}: it has {steps_text}")
         return ProfileWindow(start, stop, self.dir / f"{stem}-profile")
 
     def _timeline(self, stem: str) -> Any:
@@ -560,7 +595,7 @@ class JaxlogFixture:
 
         stem = self._stem(name)
         writer = HDF5Writer(self.dir / f"{stem}.h5", **(writer_kwargs or {}))
-        window = self._window(profile, stem)
+        window = self._window(profile, stem, steps, kwargs.get("start_step", 0))
         timeline = kwargs.pop("timeline", None)
         own_timeline = timeline is None
         if own_timeline:

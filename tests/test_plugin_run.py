@@ -191,6 +191,12 @@ def test_property(jaxlog_factory, n):
 def test_option_window(jaxlog):
     run = jaxlog.run(rotate, STATE, 20, record={"energy": energy})
     assert len(run.timings.window) == 3
+    # a global window must not break shorter runs: skipped when outside, clipped when it sticks out
+    short = jaxlog.run(rotate, STATE, 5, record={"energy": energy}, name="short")
+    assert short.steps_done == 5 and not short.timings.window and "short:jax_trace" not in jaxlog.artifacts
+    mid = jaxlog.run(rotate, STATE, 12, record={"energy": energy}, name="mid")
+    assert len(mid.timings.window) == 2
+    assert sorted(jl.load_trace(jaxlog.artifacts["mid:jax_trace"]).steps()) == [10, 11]
 """
     )
     result = pytester.runpytest("-p", "no:cacheprovider", f"--jaxlog-profile={profile}")
@@ -203,6 +209,12 @@ def test_option_window(jaxlog):
     assert len(kept) == 1 and (kept[0] / "trajectory.h5").exists()
     traj = jl.load(kept[0] / "trajectory.h5")
     assert traj.status == "violated"
+    notes = {e["nodeid"]: e for e in doc["tests"]}["test_h.py::test_option_window"]["notes"]
+    assert notes == [
+        "profile window 10:12 (--jaxlog-profile) skipped for run 'short': it has work steps 0..4",
+        "profile window 10:12 (--jaxlog-profile) clipped to 10:11 for run 'mid': it has work steps 0..11",
+    ]
+    result.stdout.fnmatch_lines(["notes (2):", "  test_h.py::test_option_window: profile window 10:12 * skipped *"])
 
 
 def test_recorder_violation_in_section(pytester):
