@@ -93,6 +93,16 @@ class Watch:
         return frames
 
 
+def _takes_key_impls(fn: Any) -> bool:
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return "key_impls" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
 class SinkSet:
     """The run's sinks, opened and closed together (a MemorySink is added when none is given)."""
 
@@ -138,9 +148,14 @@ class SinkSet:
             for s in self.opened:
                 s.write(frames)
 
-    def attach(self, name: str, step: int, tree: dict) -> None:
+    def attach(self, name: str, step: int, tree: dict, *, key_impls: dict | None = None) -> None:
+        """``key_impls``: PRNG impl per path of ``tree`` holding key data, for the sinks that take
+        it (``attach(..., key_impls=)``: HDF5Writer, MemorySink); other sinks get the plain call."""
         for s in self.opened:
-            s.attach(name, step, tree)
+            if key_impls and _takes_key_impls(s.attach):
+                s.attach(name, step, tree, key_impls=key_impls)
+            else:
+                s.attach(name, step, tree)
 
     def close(self, status: str, *, steps_done: int, violation: dict | None = None, raise_errors: bool = True) -> None:
         """Close every opened sink (even when one raises); re-raise the first error if asked."""

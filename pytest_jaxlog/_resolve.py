@@ -123,3 +123,12 @@ def state_paths(state: Any) -> dict[str, Any]:
     """Host copies of the state's leaves as ``{"state/<keypath>": np.ndarray}`` (post-mortem)."""
     flat = flatten_view("state", state)
     return {p: np.array(jax.device_get(v)) for p, v in flat.items()}
+
+
+def state_key_impls(state: Any) -> dict[str, str]:
+    """``{"state/<keypath>": impl name}`` for the typed PRNG key leaves of ``state`` (the
+    post-mortem stores their key data; sinks note the impl so the keys can be wrapped again)."""
+    pairs, _ = jax.tree_util.tree_flatten_with_path(state)
+    paths = leaf_paths("state", [kp for kp, _ in pairs])
+    return {p: str(jax.random.key_impl(leaf)) for p, (_, leaf) in zip(paths, pairs)
+            if hasattr(leaf, "dtype") and is_key(leaf.dtype)}

@@ -32,7 +32,7 @@ from ._errors import JaxlogError
 from ._invariants import as_list, check_on_violation, warn_violation
 from ._frames import Frames, Schema
 from ._records import AUX, RecordSpec, normalize_records
-from ._resolve import flatten_view, resolve_schema, state_paths
+from ._resolve import flatten_view, resolve_schema, state_key_impls, state_paths
 
 __all__ = ["run", "Run", "auto_chunk"]
 
@@ -610,6 +610,7 @@ def _postmortem(violation, chunk_state, k0, step, has_aux, keyed, key, n, sinkse
         st = _single(step, bool(has_aux), keyed, st, key, np.int32(k))
         if k + 1 in keep:
             snaps[k + 1] = state_paths(st)
+    impls = state_key_impls(st)
     for k in sorted(snaps):
-        sinkset.attach("postmortem", k, snaps[k])
+        sinkset.attach("postmortem", k, snaps[k], key_impls=impls)
     return st

@@ -46,10 +46,13 @@ class MemorySink:
                 self._steps[path].append(frames.steps[path])
                 self._values[path].append(frames.values[path])
 
-    def attach(self, name: str, step: int, tree: dict[str, np.ndarray]) -> None:
+    def attach(self, name: str, step: int, tree: dict[str, np.ndarray], *, key_impls: dict[str, str] | None = None) -> None:
+        """Keep a snapshot; typed key arrays become key data with their impl noted (``key_impls``
+        names the impl of arrays that already are key data)."""
         snapshot = {}
         for k, v in tree.items():
             snapshot[k], impl = to_host(v, k)
+            impl = impl or (key_impls or {}).get(k)
             if impl is not None:
                 self.attachment_key_impls.setdefault(name, {})[k] = impl
         self.attachments.setdefault(name, {})[int(step)] = snapshot

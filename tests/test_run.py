@@ -476,3 +476,24 @@ def test_profile_window_outside_a_resumed_run_is_an_error(tmp_path):
         with pytest.raises(jl.JaxlogError, match=rf"starts at work step {lo} but the run resumes at step 3"):
             jl.run(osc, STATE, 6, start_step=3, record={"e": energy}, profile=win)
         assert not win.active and not win.done and not list(tmp_path.iterdir())
+
+
+def test_postmortem_keeps_the_impl_of_typed_keys_in_the_state(tmp_path):
+    def walk(s):
+        k, sub = jax.random.split(s["k"])
+        return {"x": s["x"] + jax.random.uniform(sub), "k": k}
+
+    state = {"x": jnp.float32(0.0), "k": jax.random.key(7, impl="rbg")}
+    mem = MemorySink()
+    with pytest.raises(jl.InvariantViolation) as info:
+        jl.run(walk, state, 12, chunk=4, record={"x": lambda s: s["x"]}, invariants=jl.bounded("x", hi=2.0),
+               sinks=[jl.HDF5Writer(tmp_path / "t.h5"), mem], postmortem=2)
+    bad = info.value.step
+    for traj in (jl.load(tmp_path / "t.h5"), mem.trajectory):
+        assert traj.attachment_key_impls("postmortem") == {"state/k": "rbg"}
+        assert sorted(traj.postmortem) == [bad - 1, bad]
+    # the saved key wraps back into the key that reproduces the violating step
+    pm = jl.load(tmp_path / "t.h5").postmortem
+    before = {"x": jnp.asarray(pm[bad - 1]["state/x"]),
+              "k": jax.random.wrap_key_data(jnp.asarray(pm[bad - 1]["state/k"]), impl="rbg")}
+    np.testing.assert_array_equal(walk(before)["x"], pm[bad]["state/x"])
