@@ -223,6 +223,7 @@ class TestState:
     goldens: list[dict] = field(default_factory=list)
     examples: int = 0
     kept_example: Path | None = None
+    pending_example: Path | None = None  # the last example that passed inside its `with` (the test may still fail)
     violation_objs: list = field(default_factory=list)
     profile_source: str = "--jaxlog-profile"  # where settings.profile came from (marker or option/ini)
     notes: list[str] = field(default_factory=list)  # e.g. a default profile window that did not fit a run
@@ -324,6 +325,12 @@ class JaxlogSession:
         keep = state.settings.keep
         failed_like = outcome in ("failed", "error", "xfailed", "xpassed")
         kept = keep == "all" or (keep == "failed" and failed_like)
+        if kept and keep == "failed" and state.pending_example is not None:
+            # the test failed after the last example's `with` block (an assert on the run): that example,
+            # the one hypothesis replays last, is the failing one; an earlier kept example is not
+            if state.kept_example is not None and state.kept_example != state.pending_example:
+                _drop_example(state, state.kept_example)
+            state.kept_example, state.pending_example = state.pending_example, None
         if not kept and state.dir.exists():
             shutil.rmtree(state.dir, ignore_errors=True)
         artifacts = {k: p for k, p in state.artifacts.items() if Path(p).exists()} if kept else {}
@@ -735,6 +742,9 @@ class JaxlogFactory:
         if item is None:
             raise JaxlogError("jaxlog_factory() must be used inside a running test")
         state = self._session.state_for(item)
+        if state.pending_example is not None:  # a new example: the previous one passed
+            _drop_example(state, state.pending_example)
+            state.pending_example = None
         n = state.examples
         state.examples += 1
         fx = JaxlogFixture(self._session, state, state.dir / f"example-{n}")
@@ -756,20 +766,24 @@ class JaxlogFactory:
     def _settle(self, state: TestState, fx: JaxlogFixture, failed: bool) -> None:
         d = fx._dir
         keep = state.settings.keep
-        stale = [k for k, p in state.artifacts.items() if _under(p, d)]
         if keep == "all":
             return
         if failed and keep == "failed":
             prev = state.kept_example
             if prev is not None and prev != d:
-                shutil.rmtree(prev, ignore_errors=True)
-                for k in [k for k, p in state.artifacts.items() if _under(p, prev)]:
-                    state.artifacts.pop(k, None)
+                _drop_example(state, prev)
             state.kept_example = d
             return
-        shutil.rmtree(d, ignore_errors=True)
-        for k in stale:
-            state.artifacts.pop(k, None)
+        if keep == "failed":  # passed inside `with`; removed when the next example starts or the test passes
+            state.pending_example = d
+            return
+        _drop_example(state, d)
+
+
+def _drop_example(state: TestState, d: Path) -> None:
+    shutil.rmtree(d, ignore_errors=True)
+    for k in [k for k, p in state.artifacts.items() if _under(p, d)]:
+        state.artifacts.pop(k, None)
 
 
 def _under(path: Path, d: Path) -> bool:

@@ -318,6 +318,13 @@ def test_hypothesis_factory_keeps_the_failing_example(pytester):
                 (jaxlog.dir / "x.txt").write_text(str(x))
                 assert x < 5
 
+        @settings(max_examples=40, database=None, derandomize=True)
+        @given(st.integers(0, 1000))
+        def test_fails_after_the_block(jaxlog_factory, x):
+            with jaxlog_factory() as jaxlog:
+                (jaxlog.dir / "x.txt").write_text(str(x))
+            assert x < 5  # checks on the run after `with`: the example still counts as failing
+
         @settings(max_examples=10, database=None)
         @given(st.integers(0, 10))
         def test_passes(jaxlog_factory, x):
@@ -326,16 +333,17 @@ def test_hypothesis_factory_keeps_the_failing_example(pytester):
         """
     )
     result = pytester.runpytest()
-    result.assert_outcomes(passed=1, failed=1)
+    result.assert_outcomes(passed=1, failed=2)
     assert "FailedHealthCheck" not in result.stdout.str()
     base = pytester.path / ".jaxlog"
     tests, _ = _manifest(base)
     assert not tests["test_passes"]["kept"] and tests["test_passes"]["examples"] >= 1
-    failing = tests["test_fails_from_5"]
-    assert failing["kept"] and failing["examples"] > 1
-    examples = list((base / failing["dir"]).iterdir())
-    assert len(examples) == 1  # only the final (minimal) failing example
-    assert (examples[0] / "x.txt").read_text() == "5"
+    for name in ("test_fails_from_5", "test_fails_after_the_block"):
+        failing = tests[name]
+        assert failing["kept"] and failing["examples"] > 1
+        examples = list((base / failing["dir"]).iterdir())
+        assert len(examples) == 1, (name, examples)  # only the final (minimal) failing example
+        assert (examples[0] / "x.txt").read_text() == "5"
 
 
 def test_user_conftest_xla_flags_take_effect(pytester):
