@@ -65,7 +65,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    if not (sys.argv[1:] if argv is None else list(argv)):  # bare `python -m pytest_jaxlog`: the commands
+        parser.print_help(sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     try:
         return {"info": cmd_info, "diff": cmd_diff, "trace": cmd_trace, "plot": cmd_plot}[args.command](args)
     except (UsageError, JaxlogError) as exc:
@@ -252,6 +256,8 @@ def cmd_trace(args) -> int:
     path = Path(args.file)
     if not path.exists():
         raise UsageError(f"[jaxlog] trace {args.file} does not exist")
+    if path.is_file() and path.stat().st_size == 0:  # parses as an empty protobuf: not "0 steps"
+        raise UsageError(f"[jaxlog] trace {args.file} is empty (0 bytes): the run that wrote it did not finish")
     from ._trace import load_trace
 
     try:

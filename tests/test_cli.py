@@ -52,6 +52,7 @@ def files(tmp_path_factory):
     jl.run(make(6), (jnp.int32(0), state), 40, record=record, sinks=[jl.HDF5Writer(d / "violated.h5")],
            invariants=[jl.invariant("energy_below_6.5", lambda v: v < 6.5, "energy")], on_violation="record")
     (d / "junk.h5").write_text("not hdf5")
+    (d / "empty.pftrace").write_bytes(b"")
 
     from pytest_jaxlog._perfetto import Timeline
 
@@ -79,6 +80,8 @@ def files(tmp_path_factory):
 def test_help():
     top = cli("--help")
     assert top.returncode == 0 and all(c in top.stdout for c in ("info", "diff", "trace", "plot"))
+    bare = cli()  # no command: the help with the commands, not only "arguments are required"
+    assert bare.returncode == 2 and all(f"    {c} " in bare.stderr for c in ("info", "diff", "trace", "plot"))
     for cmd, words in {"info": "provenance", "diff": "--rtol", "trace": "p90", "plot": "matplotlib"}.items():
         r = cli(cmd, "--help")
         assert r.returncode == 0 and words in r.stdout, (cmd, r.stdout)
@@ -130,6 +133,7 @@ def test_diff(files):
         (("plot", "a.h5", "vel", "-o", "out.png"), "[jaxlog] record 'vel' is not recorded"),
         (("trace", "a.h5"), "is neither Chrome JSON nor a Perfetto protobuf trace"),
         (("trace", "none.pftrace"), "[jaxlog] trace none.pftrace does not exist"),
+        (("trace", "empty.pftrace"), "[jaxlog] trace empty.pftrace is empty (0 bytes)"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(files, args, message):
