@@ -480,6 +480,7 @@ class JaxlogFixture:
         self._state = state
         self._dir = Path(directory) if directory is not None else state.dir
         self._stems: set[str] = set()
+        self._goldens: set[Path] = set()
         self._open: list[Any] = []  # recorders and windows to close at teardown
         self._timelines: list[tuple[Any, Path]] = []
         self.artifacts: dict[str, Path] = {}
@@ -687,6 +688,12 @@ class JaxlogFixture:
         if name is not None and not re.fullmatch(r"[A-Za-z0-9_.\-]+", str(name)):
             raise JaxlogError(f"check_golden(name={name!r}): use letters, digits, '_', '-', '.' (it names a file)")
         path = self._session.golden_dir / golden_name(self._state.nodeid, suffix=f"-{name}.h5" if name else ".h5")
+        if path in self._goldens:  # else --jaxlog-regen keeps the last run's and the first run then fails
+            raise JaxlogError(
+                f"check_golden(name={name!r}): this test already checked golden {self._session.display(path)}; "
+                "give each checked run its own name= (e.g. name=\"second\")"
+            )
+        self._goldens.add(path)
         status = check_golden(run, path, regen=self._session.regen, rtol=rtol, atol=atol, records=records)
         self._state.goldens.append({"path": str(path), "status": status})
         if status == "regenerated":
