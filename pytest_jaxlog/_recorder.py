@@ -91,9 +91,7 @@ class Recorder:
     def log(self, state: Any, step: int) -> None:
         if not self._active:
             raise JaxlogError("Recorder.log() called outside `with recorder:` (enter it first; it opens the sinks)")
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
-            raise JaxlogError(f"Recorder.log(state, step): step must be an int >= 0, got {step!r}")
-        step = int(step)
+        step = _step_label(step)
         if self._last is not None and step <= self._last:
             what = "repeats" if step == self._last else "goes backwards"
             raise JaxlogError(f"Recorder.log: step {step} {what} (previous step {self._last}); labels must increase")
@@ -265,6 +263,22 @@ class Recorder:
         elif self.on_violation == "warn":
             for v in new:
                 warn_violation(v.with_artifacts(self._sinks.artifacts) or v, stacklevel=4)
+
+
+def _step_label(step: Any) -> int:
+    """``log``'s step as an int: Python/numpy ints, or a 0-d integer array (e.g. a step counter
+    carried in the state: ``rec.log(state, state.step)``, the same label the other loggers take)."""
+    if not isinstance(step, (int, np.integer)) or isinstance(step, (bool, np.bool_)):
+        try:
+            ok = getattr(step, "shape", None) == () and np.issubdtype(np.dtype(step.dtype), np.integer)
+        except (AttributeError, TypeError):  # no dtype, or one numpy does not know (PRNG keys)
+            ok = False
+        if not ok:
+            raise JaxlogError(f"Recorder.log(state, step): step must be an int >= 0, got {step!r}")
+    step = int(step)
+    if step < 0:
+        raise JaxlogError(f"Recorder.log(state, step): step must be an int >= 0, got {step!r}")
+    return step
 
 
 def _contains(schedule: Schedule):

@@ -272,3 +272,14 @@ def test_view_that_raises_or_returns_python_scalars():
     t = rec.trajectory
     np.testing.assert_array_equal(t["c/one"], [1, 1, 1, 1])
     np.testing.assert_array_equal(t["c/half"], np.full(4, 0.5, np.float32))
+
+
+def test_step_labels_may_be_integer_scalars_from_the_device():
+    with jl.Recorder(RECORD) as rec:
+        for k, label in enumerate([jnp.int32(0), np.int64(1), jnp.asarray(2, jnp.uint8), 3]):
+            rec.log(STATE, label)
+    np.testing.assert_array_equal(rec.trajectory.steps("e"), [0, 1, 2, 3])
+    for bad in (jnp.float32(4.0), jnp.arange(2), True, jnp.int32(-1), "4"):
+        with pytest.raises(jl.JaxlogError, match="step must be an int >= 0"):
+            with jl.Recorder(RECORD) as rec:
+                rec.log(STATE, bad)
