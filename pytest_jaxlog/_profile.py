@@ -296,7 +296,13 @@ class ProfileWindow:
         return self
 
     def log(self, state: Any, step: int) -> None:
-        """Called after step ``step``'s work: arm at ``start - 1``, stop at ``stop``."""
+        """Called after step ``step``'s work: arm at ``start - 1``, stop at ``stop``.
+
+        Loops that label states as ``jl.run`` and ``jl.Recorder`` do (``log(state, k + 1)`` after
+        work step ``k``: the state after ``k + 1`` applications) reach ``log(state, stop)`` before
+        work step ``stop`` ran; when steps are annotated (``with win.step(k)``) and ``stop`` is
+        not yet, the stop waits for the next ``log`` so that step is in the trace too.
+        """
         step = int(step)
         if self._state == "new" and self.start - 1 <= step < self.stop:
             if step >= self.start:
@@ -305,6 +311,8 @@ class ProfileWindow:
                               f"least at step {self.start - 1})", JaxlogRuntimeWarning, stacklevel=2)
             self.begin()
         elif self._state == "active" and step >= self.stop:
+            if step == self.stop and self._annotated and self.stop not in self._annotated:
+                return  # work step `stop` is still to come (state-after labels): stop at the next log
             self.end(block_on=state)
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:

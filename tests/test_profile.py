@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+import pytest_jaxlog as jl
+
 from pytest_jaxlog._errors import JaxlogError, JaxlogRuntimeWarning
 from pytest_jaxlog._perfetto import Timeline
 from pytest_jaxlog._profile import ProfileWindow, active_window, check_windows
@@ -80,6 +82,21 @@ def test_logger_protocol_arms_one_call_early(tmp_path, state):
     assert seen == [False] * 4 + [True] * 3 + [False] * 3
     assert _trace_steps(win) == [4, 5, 6]
     assert win.session_dir.name.startswith("kups-4-6-")
+
+
+def test_logger_protocol_with_state_after_labels_beside_a_recorder(tmp_path, state):
+    """The labels jl.run and jl.Recorder use (log(s, k + 1) after work step k) in one
+    CompositeLogger: the window still holds exactly work steps start..stop."""
+    win = ProfileWindow(2, 4, tmp_path)
+    rec = jl.Recorder({"m": lambda x: x.mean()})
+    with jl.CompositeLogger(win, rec) as lg:
+        lg.log(state, 0)
+        for k in range(7):
+            with win.step(k):
+                state = _step(state)
+            lg.log(state, k + 1)
+    assert win.done and _trace_steps(win) == [2, 3, 4]
+    assert list(rec.trajectory.steps("m")) == list(range(8))
 
 
 def test_log_inside_iterate_defers_the_stop(tmp_path, state):
