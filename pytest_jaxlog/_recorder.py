@@ -26,6 +26,8 @@ from ._schedule import At, Every, Schedule, Window
 
 __all__ = ["Recorder"]
 
+BUFFER_BYTES = 64 * 2**20  # device buffer per record between flushes (like jl.run's chunk budget)
+
 
 class Recorder:
     """Records views of the states a hand-written loop passes to ``log(state, step)``.
@@ -41,12 +43,20 @@ class Recorder:
 
     ``timings.compiles`` counts every compilation during the ``with`` block except the recorder's
     own (so a user step that recompiles every call, e.g. on a changing shape, shows it).
+
+    Memory: each record's device buffer holds ``flush_every`` frames, or as many as fit in
+    ``buffer_bytes`` (64 MiB) when fewer; a full buffer flushes early. So a large ``flush_every``
+    (fewer host syncs) never allocates ``flush_every`` frames of a big or sparse record up front.
     """
 
     def __init__(self, record: Any = None, *, sinks: Any = (), invariants: Any = (), flush_every: int = 100,
-                 dt: float | None = None, batched: bool = False, on_violation: str = "raise", timeline: Any = None):
+                 dt: float | None = None, batched: bool = False, on_violation: str = "raise", timeline: Any = None,
+                 buffer_bytes: int = BUFFER_BYTES):
         if isinstance(flush_every, bool) or not isinstance(flush_every, (int, np.integer)) or flush_every < 1:
             raise JaxlogError(f"flush_every must be an int >= 1, got {flush_every!r}")
+        if isinstance(buffer_bytes, bool) or not isinstance(buffer_bytes, (int, np.integer)) or buffer_bytes < 1:
+            raise JaxlogError(f"buffer_bytes must be an int >= 1, got {buffer_bytes!r}")
+        self.buffer_bytes = int(buffer_bytes)
         self.specs = tuple(normalize_records(record, reserved=(AUX,)))
         self.sink_arg = sinks
         self.invariants = as_list(invariants)
@@ -63,7 +73,8 @@ class Recorder:
         self._watch: Watch | None = None
         self._on = [_contains(spec.schedule) for spec in self.specs]
         self._keys: dict[tuple[int, ...], _LogKey] = {}
-        self._bufs: list[dict | None] = [None] * len(self.specs)  # device buffers, flush_every rows
+        self._bufs: list[dict | None] = [None] * len(self.specs)  # device buffers, self._rows[i] rows
+        self._rows: list[int] = [self.flush_every] * len(self.specs)
         self._steps: list[list[int]] = [[] for _ in self.specs]  # labels written into them
         self._pending = False
         self._calls = 0
@@ -111,19 +122,23 @@ class Recorder:
             bufs = []
             for i in idx:
                 if self._bufs[i] is None:
-                    self._bufs[i] = {p: jnp.zeros((self.flush_every, *shape), dtype) for p, (shape, dtype)
+                    self._bufs[i] = {p: jnp.zeros((self._rows[i], *shape), dtype) for p, (shape, dtype)
                                      in self._expect[i].items()}
                 bufs.append(self._bufs[i])
             try:
                 new = _log_into(key, state, tuple(bufs), tuple(len(self._steps[i]) for i in idx))
             except _ShapeChange as e:
                 raise JaxlogError(f"record {e.path!r} at step {step}: {e.detail}") from e.__cause__
+            full = False
             for i, b in zip(idx, new):
                 self._bufs[i] = b
                 self._steps[i].append(step)
+                full = full or len(self._steps[i]) >= self._rows[i]
             self._pending = True
+        else:
+            full = False
         self._calls += 1
-        if self._calls % self.flush_every == 0:
+        if self._calls % self.flush_every == 0 or full:
             self._flush()
 
     def __exit__(self, exc_type, exc, tb):
@@ -198,6 +213,11 @@ class Recorder:
         self._open(schema)
         self._expect = [{leaf.path: (tuple(leaf.shape), np.dtype(leaf.dtype)) for leaf in schema.leaves
                          if leaf.record == spec.name} for spec in self.specs]
+        # rows per device buffer: flush_every, or fewer when that many frames of the record would
+        # pass buffer_bytes (a sparse or large record with a huge flush_every: flushed when full)
+        for i, leaves in enumerate(self._expect):
+            frame = sum(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize for shape, dtype in leaves.values())
+            self._rows[i] = int(max(1, min(self.flush_every, self.buffer_bytes // max(1, frame))))
 
     def _open(self, schema: Schema) -> None:
         self.schema = schema

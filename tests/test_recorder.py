@@ -283,3 +283,24 @@ def test_step_labels_may_be_integer_scalars_from_the_device():
         with pytest.raises(jl.JaxlogError, match="step must be an int >= 0"):
             with jl.Recorder(RECORD) as rec:
                 rec.log(STATE, bad)
+
+
+def test_device_buffers_are_bounded_whatever_flush_every():
+    """flush_every=10**6 used to allocate 10**6 frames per record on the first log (GBs for a
+    positions record logged every 1000 steps); buffers now stop at buffer_bytes and flush when full."""
+    batches = []
+    frame = N * 4  # positions: float32[N]
+    rec = jl.Recorder({"x": positions, "e": jl.Record(energy, every=4)}, flush_every=10**6,
+                      buffer_bytes=3 * frame, sinks=[MemorySink(), jl.CallbackSink(lambda fr: batches.append(
+                          {p: list(fr.steps[p]) for p in fr if len(fr.steps[p])}))])
+    rows = []
+    with rec:
+        for k in range(8):
+            rec.log(STATE, k)
+            rows += [buf["x"].shape[0] for buf in rec._bufs if buf is not None and "x" in buf]
+    assert rows and max(rows) <= 3  # positions: 3 frames fit in buffer_bytes
+    assert [b.get("x") for b in batches] == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert sum((b.get("e", []) for b in batches), []) == [0, 4]
+    np.testing.assert_array_equal(rec.trajectory.steps("x"), np.arange(8))
+    with pytest.raises(jl.JaxlogError, match="buffer_bytes"):
+        jl.Recorder({"x": positions}, buffer_bytes=0)
