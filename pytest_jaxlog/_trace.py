@@ -114,15 +114,22 @@ class Trace:
 
 def find_jax_trace(directory: str | os.PathLike) -> dict[str, Path]:
     """Files JAX wrote under a profiler log dir: ``jax_trace`` (perfetto_trace.json.gz if present,
-    else the ``*.trace.json.gz``), ``jax_trace_json`` and ``xplane`` when present."""
+    else the ``*.trace.json.gz``), ``jax_trace_json`` and ``xplane`` when present.
+
+    A log dir used by several sessions holds one ``plugins/profile/<time>/`` folder per session:
+    the files all come from the newest one (by modification time), never a mix of sessions."""
     root = Path(directory)
-    found: dict[str, Path] = {}
-    for name in sorted(root.rglob("perfetto_trace.json.gz")):
-        found["jax_perfetto"] = name
-    for name in sorted(root.rglob("*.trace.json.gz")):
-        found["jax_trace_json"] = name
-    for name in sorted(root.rglob("*.xplane.pb")):
-        found["xplane"] = name
+    sessions: dict[Path, dict[str, Path]] = {}
+    for pattern, kind in (("perfetto_trace.json.gz", "jax_perfetto"), ("*.trace.json.gz", "jax_trace_json"),
+                          ("*.xplane.pb", "xplane")):
+        for name in sorted(root.rglob(pattern)):
+            sessions.setdefault(name.parent, {})[kind] = name
+
+    def newest(item: tuple[Path, dict[str, Path]]) -> tuple[float, str]:
+        files = [f for k, f in item[1].items() if k != "xplane"] or list(item[1].values())
+        return max(_mtime(f) for f in files), str(item[0])
+
+    found = max(sessions.items(), key=newest)[1] if sessions else {}
     out: dict[str, Path] = {}
     main = found.get("jax_perfetto") or found.get("jax_trace_json")
     if main is not None:
@@ -132,6 +139,13 @@ def find_jax_trace(directory: str | os.PathLike) -> dict[str, Path]:
     if "xplane" in found:
         out["xplane"] = found["xplane"]
     return out
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 # --- loading ----------------------------------------------------------------------------------

@@ -47,6 +47,27 @@ def test_chrome_json(tmp_path, compress):
     np.testing.assert_array_equal(trace.counters["mem"][1], [12.0])
 
 
+def test_log_dir_with_several_sessions_reads_the_newest_one_whole(tmp_path):
+    """A log dir reused by several profiler sessions: load_trace(dir) used to take whichever path
+    sorted last, and find_jax_trace could mix files of different sessions."""
+    import os
+
+    def session(name, step, mtime, files=("perfetto_trace.json.gz", "host.trace.json.gz", "host.xplane.pb")):
+        d = tmp_path / name / "plugins" / "profile" / "2026_01_01_00_00_00"
+        d.mkdir(parents=True)
+        ev = [{"ph": "X", "pid": 1, "tid": 1, "ts": 0.0, "dur": 1.0, "name": "jaxlog_step", "args": {"step_num": step}}]
+        for f in files:
+            (d / f).write_bytes(gzip.compress(json.dumps(ev).encode()) if f.endswith(".gz") else b"x")
+            os.utime(d / f, (mtime, mtime))
+        return d
+
+    new = session("a-new", 7, 2_000_000_000, files=("host.trace.json.gz",))
+    session("z-old", 3, 1_000_000_000)  # sorts last, written first, and has every kind of file
+    found = find_jax_trace(tmp_path)
+    assert found == {"jax_trace": new / "host.trace.json.gz", "jax_trace_json": new / "host.trace.json.gz"}
+    assert list(load_trace(tmp_path).steps()) == [7]
+
+
 def test_bare_event_list_and_duplicates(tmp_path):
     events = [{"ph": "X", "pid": 1, "tid": t, "ts": 0, "dur": d, "name": "s", "args": {"step_num": 0}}
               for t, d in ((1, 3.0), (2, 7.0))]
