@@ -51,6 +51,14 @@ _LIVE: "weakref.WeakSet[HDF5Writer]" = weakref.WeakSet()
 _EMPTY_STEPS = np.zeros(0, dtype=np.int64)
 
 
+def _same_file_key(path: Path) -> str:
+    """The absolute, symlink-resolved path: two writers of one file compare equal."""
+    try:
+        return str(path.resolve())
+    except OSError:
+        return str(path.absolute())
+
+
 def _json(value: Any) -> str:
     return json.dumps(value, default=_json_default)
 
@@ -196,6 +204,15 @@ class HDF5Writer:
             check_leaf_dtype(leaf.path, leaf.dtype)
         if self.path.exists() and not self.overwrite:
             raise JaxlogError(f"{self.path} exists and HDF5Writer(overwrite=False)")
+        if self.path.is_dir():
+            raise JaxlogError(f"HDF5Writer({self.path}): the path is a directory; give a file path (e.g. "
+                              f"{self.path / 'trajectory.h5'})")
+        mine = _same_file_key(self.path)
+        for other in list(_LIVE):
+            if other is not self and other._state == "open" and _same_file_key(other.path) == mine:
+                raise JaxlogError(f"HDF5Writer({self.path}): another HDF5Writer in this process is still writing "
+                                  f"that file (two writers of one path in a run, or one not closed); give each "
+                                  f"writer its own path")
         self.schema = schema
         self.path.parent.mkdir(parents=True, exist_ok=True)
         meta = dict(meta or {})

@@ -489,3 +489,20 @@ def test_file_indexing_matches_numpy_on_the_values(tmp_path):
     for bad in (10, -11, [0, 20], (0, 3)):
         with pytest.raises(IndexError):
             traj["state/x", bad] if not isinstance(bad, tuple) else traj[("state/x", *bad)]
+
+
+def test_two_writers_of_one_path_and_a_directory_path_are_clear_errors(tmp_path):
+    schema = simple_schema()
+    first = HDF5Writer(tmp_path / "t.h5")
+    first.open(schema, {})
+    second = HDF5Writer(tmp_path / "sub" / ".." / "t.h5")  # the same file, spelled differently
+    with pytest.raises(jl.JaxlogError, match=r"another HDF5Writer in this process is still writing"):
+        second.open(schema, {})
+    first.write(frames_for(schema, 0, 2))
+    first.close("complete", steps_done=2)
+    assert load(tmp_path / "t.h5").status == "complete"
+    second = HDF5Writer(tmp_path / "t.h5")  # once the first is closed the path is free again
+    second.open(schema, {})
+    second.close("complete", steps_done=0)
+    with pytest.raises(jl.JaxlogError, match=r"the path is a directory"):
+        HDF5Writer(tmp_path).open(schema, {})
