@@ -483,7 +483,7 @@ class JaxlogFixture:
         self._goldens: set[Path] = set()
         self._open: list[Any] = []  # recorders and windows to close at teardown
         self._timelines: list[tuple[Any, Path]] = []
-        self.artifacts: dict[str, Path] = {}
+        self._artifacts: dict[str, Path] = {}
         self.runs: list[Any] = []
         state.fixtures.append(self)
 
@@ -497,6 +497,13 @@ class JaxlogFixture:
     @property
     def settings(self) -> Settings:
         return self._state.settings
+
+    @property
+    def artifacts(self) -> dict[str, Path]:
+        """Files written so far, by kind (``trajectory``, ``timeline``, ``jax_trace``, ...; ``<name>:<kind>``
+        for runs other than the first): includes recorders and windows whose ``with`` block has exited."""
+        self.refresh()
+        return self._artifacts
 
     def _stem(self, name: str | None) -> str:
         if name is not None:
@@ -516,7 +523,7 @@ class JaxlogFixture:
     def _add(self, artifacts: dict[str, Path], stem: str) -> None:
         for kind, path in artifacts.items():
             key = kind if stem == "trajectory" else f"{stem}:{kind}"
-            self.artifacts[key] = Path(path)
+            self._artifacts[key] = Path(path)
         label = stem if self._dir == self._state.dir else f"{self._dir.name}/{stem}"
         self._state.add_artifacts(artifacts, label)
 
@@ -574,8 +581,8 @@ class JaxlogFixture:
             return
         self._state.violation_objs.append(violation)
         try:
-            if self.artifacts and hasattr(violation, "with_artifacts"):
-                violation.with_artifacts({k: self._session.display(p) for k, p in self.artifacts.items()})
+            if self._artifacts and hasattr(violation, "with_artifacts"):
+                violation.with_artifacts({k: self._session.display(p) for k, p in self._artifacts.items()})
         except Exception:
             pass
         msg = str(violation)
@@ -712,10 +719,13 @@ class JaxlogFixture:
 
     def refresh(self) -> None:
         """Gather the files and violations of recorders and windows so far (idempotent)."""
-        for kind, obj, writer, stem, _ in self._open:
+        for kind, obj, writer, stem, timeline in self._open:
             if kind == "recorder":
                 self._collect(writer, None, obj, stem)
                 self._on_violation(getattr(obj, "violation", None))
+                finished = getattr(obj, "status", "new") not in ("new", "running")
+                if finished and any(t is timeline for t, _ in self._timelines):  # our timeline: write it now
+                    self._write_timeline(timeline, self.dir / f"{stem}.pftrace", stem)
             else:
                 self._collect(None, obj, None, stem)
 

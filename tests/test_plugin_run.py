@@ -93,6 +93,9 @@ def test_recorder(jaxlog):
             rec.log(s, k)
             s = rotate(s)
     assert jaxlog.load().steps("energy").tolist() == [0, 1, 2, 3, 4, 5]
+    # the recorder's files are in jaxlog.artifacts as soon as its `with` block exits, timeline included
+    assert jaxlog.artifacts["trajectory"] == jaxlog.dir / "trajectory.h5"
+    assert jaxlog.artifacts["timeline"] == jaxlog.dir / "trajectory.pftrace" and jaxlog.artifacts["timeline"].exists()
 """
 
 
