@@ -348,6 +348,10 @@ def load(path: str | os.PathLike) -> Trajectory:
     path = Path(path)
     if not path.exists():
         raise JaxlogError(f"{path}: no such trajectory file")
+    if path.is_dir():
+        inside = sorted(p.name for p in path.glob("*.h5"))[:5]
+        hint = f" (trajectory files in it: {', '.join(inside)})" if inside else ""
+        raise JaxlogError(f"{path} is a directory, not a trajectory file{hint}")
     try:
         f = _open(path)
     except OSError as exc:

@@ -269,6 +269,9 @@ def test_reader_errors_name_the_file_and_what_is_missing(tmp_path):
         f["jaxlog"].attrs["format_version"] = json.dumps(FORMAT_VERSION + 1)
     with pytest.raises(jl.JaxlogError, match=r"newer pytest-jaxlog \(format version 2; this version reads <= 1\)"):
         load(tmp_path / "new.h5")
+    with pytest.raises(jl.JaxlogError, match=r"is a directory, not a trajectory file \(trajectory files in it: "
+                                             r"new\.h5, other\.h5, partial\.h5, text\.h5\)"):
+        load(tmp_path)
 
 
 def test_overwrite_false_and_single_use(tmp_path):
