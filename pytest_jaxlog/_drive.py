@@ -123,6 +123,7 @@ class SinkSet:
             sinks = (self.own_memory,)
         self.sinks = tuple(sinks)
         self.opened: list[Any] = []
+        self._through: dict[int, int] = {}  # per sink: the last step of the frames it accepted
         self.closed = False
         self.status = "running"
 
@@ -145,8 +146,10 @@ class SinkSet:
 
     def write(self, frames: Frames) -> None:
         if frames:
+            last = frames.last_step
             for s in self.opened:
                 s.write(frames)
+                self._through[id(s)] = last  # what this sink holds, if a later one fails
 
     def attach(self, name: str, step: int, tree: dict, *, key_impls: dict | None = None) -> None:
         """``key_impls``: PRNG impl per path of ``tree`` holding key data, for the sinks that take
@@ -165,8 +168,11 @@ class SinkSet:
         self.status = status
         first = None
         for s in self.opened:
+            # a sink that accepted a batch a later sink then failed on holds more than the run wrote:
+            # its steps_done says so (every scheduled frame up to it is in that sink)
+            done = max(int(steps_done), self._through.get(id(s), -1))
             try:
-                s.close(status, steps_done=int(steps_done), violation=violation)
+                s.close(status, steps_done=done, violation=violation)
             except BaseException as e:
                 if first is None:
                     first = e

@@ -317,7 +317,26 @@ def test_sink_exception_fails_and_is_reraised():
     with pytest.raises(RuntimeError, match="disk full"):
         jl.run(osc, STATE, 30, record={"e": energy}, sinks=[mem, CountingSink(2, RuntimeError("disk full"))],
                chunk=5, progress=False)
-    assert mem.status == "failed" and mem.steps_done == 5
+    # mem took chunk 6..10 before the next sink failed on it: it holds (and says) steps up to 10
+    assert mem.status == "failed" and mem.steps_done == 10
+    np.testing.assert_array_equal(mem.frames().steps["e"], np.arange(11))
+
+
+def test_a_sink_ahead_of_a_failing_one_says_how_far_its_file_goes(tmp_path):
+    calls = []
+
+    def flaky(frames):
+        calls.append(frames.last_step)
+        if len(calls) == 3:
+            raise OSError("network share gone")
+
+    with pytest.raises(jl.WriterError, match="network share gone") as info:
+        jl.run(osc, STATE, 20, chunk=3, record={"e": energy, "x": jl.Record(positions, every=4)},
+               sinks=[jl.HDF5Writer(tmp_path / "t.h5"), jl.CallbackSink(flaky)], progress=False)
+    traj = jl.load(tmp_path / "t.h5")
+    assert traj.status == "failed" and list(traj.steps("e")) == list(range(10))
+    assert traj.steps_done == 9  # was 6: the file held steps 7..9 beyond its steps_done
+    assert info.value.jaxlog_run.status == "failed"
 
 
 # ---------------------------------------------------------------- the rest of the options
