@@ -92,6 +92,7 @@ class ProfileWindow:
         self._pending_block: Any = None
         self._artifacts: dict[str, Path] = {}
         self._annotated: list[int] = []
+        self._opened: list[int] = []  # steps whose annotation is open now
 
     # -- description --------------------------------------------------------------------------
     @property
@@ -188,12 +189,14 @@ class ProfileWindow:
         import jax
 
         self._open_steps += 1
+        self._opened.append(k)
         try:
             with jax.profiler.StepTraceAnnotation(STEP_SLICE, step_num=k):
                 yield
             self._annotated.append(k)
         finally:
             self._open_steps -= 1
+            self._opened.remove(k)
             if self._open_steps == 0 and self._end_pending:
                 block, self._pending_block = self._pending_block, None
                 self._end_pending = False
@@ -311,7 +314,8 @@ class ProfileWindow:
                               f"least at step {self.start - 1})", JaxlogRuntimeWarning, stacklevel=2)
             self.begin()
         elif self._state == "active" and step >= self.stop:
-            if step == self.stop and self._annotated and self.stop not in self._annotated:
+            if (step == self.stop and self._annotated and self.stop not in self._annotated
+                    and self.stop not in self._opened):
                 return  # work step `stop` is still to come (state-after labels): stop at the next log
             self.end(block_on=state)
 

@@ -97,6 +97,16 @@ def test_logger_protocol_with_state_after_labels_beside_a_recorder(tmp_path, sta
             lg.log(state, k + 1)
     assert win.done and _trace_steps(win) == [2, 3, 4]
     assert list(rec.trajectory.steps("m")) == list(range(8))
+    # kUPS labels with log() inside the annotation still stop right after work step `stop`
+    win = ProfileWindow(1, 2, tmp_path)
+    with win:
+        for k in range(5):
+            with win.step(k):
+                state = _step(state)
+                win.log(state, k)
+            if k == 2:
+                assert win.done
+    assert _trace_steps(win) == [1, 2]
 
 
 def test_log_inside_iterate_defers_the_stop(tmp_path, state):
