@@ -193,6 +193,7 @@ class HDF5Writer:
         self._last_steps: dict[str, int] = {}
         self._max_step = -1  # highest step handed over (caller side)
         self._written_step = -1  # highest step written (writer side)
+        self._complete_step = -1  # last step of the last batch written whole (writer side)
         self._timeline = None
         self._lock = threading.Lock()
 
@@ -527,6 +528,9 @@ class HDF5Writer:
                     f"{type(exc).__name__}: {exc}"
                 ) from exc
             self._written_step = max(self._written_step, int(steps[-1]))
+        last = frames.last_step
+        if last is not None:
+            self._complete_step = max(self._complete_step, last)
         self.stats["batches"] += 1
         self.stats["frames"] += nframes
         self.stats["bytes"] += nbytes
@@ -569,6 +573,8 @@ class HDF5Writer:
             if self._error is not None:
                 status = "failed"
                 jl.attrs["writer_error"] = _json(str(self._error))
+                # the caller handed over more than the broken writer wrote: say what the file holds
+                steps_done = min(int(steps_done), max(self._complete_step, 0))
             jl.attrs["status"] = _json(status)
             jl.attrs["steps_done"] = _json(int(steps_done))
             jl.attrs["violation"] = _json(violation)

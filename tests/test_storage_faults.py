@@ -83,6 +83,19 @@ def test_writer_thread_failure_surfaces_on_next_write_and_file_stays_valid(tmp_p
     traj = load(tmp_path / "t.h5")
     assert traj.status == "failed" and "No space left" in traj.writer_error
     np.testing.assert_array_equal(traj.steps("energy"), np.arange(20))  # the two batches before the failure
+    assert traj.steps_done == 19  # not the last step handed over to the broken writer
+
+
+def test_writer_failure_mid_run_leaves_steps_done_at_what_the_file_holds(tmp_path):
+    import jax.numpy as jnp
+
+    w = FailingWriter(tmp_path / "t.h5", fail_at=2, queue_size=1)
+    with pytest.raises(jl.WriterError, match="No space left"):
+        no_hang(lambda: jl.run(lambda s: s + 1.0, jnp.float32(0), 40, chunk=4, record={"e": lambda s: s},
+                               sinks=[w], progress=False))
+    traj = load(tmp_path / "t.h5")
+    assert traj.status == "failed" and list(traj.steps("e")) == list(range(9))
+    assert traj.steps_done == 8  # the driver had handed over more (up to 12 or beyond)
 
 
 def test_writer_error_raised_at_close_when_no_write_followed(tmp_path):
