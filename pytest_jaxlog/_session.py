@@ -576,13 +576,23 @@ class JaxlogFixture:
             return
         self._add({"timeline": Path(written or path)}, stem)
 
-    def _on_violation(self, violation: Any) -> None:
+    def _run_artifacts(self, stem: str | None) -> dict[str, Path]:
+        """The files of run ``stem`` by plain kind (``trajectory``, ``timeline``, ...); all when None."""
+        if stem is None:
+            return dict(self._artifacts)
+        if stem == "trajectory":
+            return {k: p for k, p in self._artifacts.items() if ":" not in k}
+        return {k.split(":", 1)[1]: p for k, p in self._artifacts.items() if k.startswith(f"{stem}:")}
+
+    def _on_violation(self, violation: Any, stem: str | None = None) -> None:
+        """Note a violation of run ``stem``: its message and JSON name that run's files (not other runs')."""
         if violation is None or any(v is violation for v in self._state.violation_objs):
             return
         self._state.violation_objs.append(violation)
         try:
-            if self._artifacts and hasattr(violation, "with_artifacts"):
-                violation.with_artifacts({k: self._session.display(p) for k, p in self._artifacts.items()})
+            arts = self._run_artifacts(stem)
+            if arts and hasattr(violation, "with_artifacts"):
+                violation.with_artifacts({k: self._session.display(p) for k, p in arts.items()})
         except Exception:
             pass
         msg = str(violation)
@@ -633,13 +643,13 @@ class JaxlogFixture:
                 self._write_timeline(timeline, self.dir / f"{stem}.pftrace", stem)
             self._note_timings(partial)
             if isinstance(e, AssertionError) and hasattr(e, "invariant"):
-                self._on_violation(e)
+                self._on_violation(e, stem)
             raise
         self._collect(writer, window, result, stem)
         if own_timeline:
             self._write_timeline(timeline, self.dir / f"{stem}.pftrace", stem)
         self._note_timings(result)
-        self._on_violation(getattr(result, "violation", None))
+        self._on_violation(getattr(result, "violation", None), stem)
         self.runs.append(result)
         return result
 
@@ -722,10 +732,10 @@ class JaxlogFixture:
         for kind, obj, writer, stem, timeline in self._open:
             if kind == "recorder":
                 self._collect(writer, None, obj, stem)
-                self._on_violation(getattr(obj, "violation", None))
                 finished = getattr(obj, "status", "new") not in ("new", "running")
                 if finished and any(t is timeline for t, _ in self._timelines):  # our timeline: write it now
                     self._write_timeline(timeline, self.dir / f"{stem}.pftrace", stem)
+                self._on_violation(getattr(obj, "violation", None), stem)
             else:
                 self._collect(None, obj, None, stem)
 

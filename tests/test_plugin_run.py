@@ -225,6 +225,7 @@ def test_recorder_violation_in_section(pytester):
         test_r=KERNEL
         + """
 def test_loop(jaxlog):
+    jaxlog.run(rotate, STATE, 5, record={"energy": energy})  # a first, good run: trajectory.h5
     s = STATE
     with jaxlog.recorder({"energy": energy}, invariants=[jl.conserved("energy", rtol=0.1)], flush_every=1) as rec:
         for k in range(10):
@@ -234,6 +235,13 @@ def test_loop(jaxlog):
     )
     result = pytester.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
+    # the violation names the violating run's files (trajectory-1), not the first run's
     result.stdout.fnmatch_lines(["*- jaxlog -*", "violation: *conserved(energy, rtol=0.1) violated at step 1*",
+                                 "  trajectory: .jaxlog/test_r.test_loop/trajectory-1.h5",
                                  "artifacts: .jaxlog/test_r.test_loop", "  trajectory: *trajectory.h5"])
-    assert jl.load(pytester.path / ".jaxlog/test_r.test_loop/trajectory.h5").status == "violated"
+    section = result.stdout.str().split("- jaxlog -")[1].split("artifacts:")[0]
+    assert "test_r.test_loop/trajectory.h5" not in section and "trajectory-1.pftrace" in section
+    assert jl.load(pytester.path / ".jaxlog/test_r.test_loop/trajectory-1.h5").status == "violated"
+    doc = json.loads((pytester.path / ".jaxlog/manifest.json").read_text())
+    (violation,) = doc["tests"][0]["violations"]
+    assert violation["artifacts"]["trajectory"] == ".jaxlog/test_r.test_loop/trajectory-1.h5"
