@@ -321,6 +321,10 @@ def test_golden_name():
     assert odd != golden_name("t.py::test_x[a b/c]")
     long = golden_name("t.py::test_" + "x" * 300)
     assert len(long) <= 130 and long.endswith(".h5")
+    # dotted directories and paths outside the rootdir must not give two tests one name (golden, artifact dir)
+    assert golden_name("v1.2/test_x.py::test_f") != golden_name("v1/2/test_x.py::test_f")
+    assert golden_name("../other/test_x.py::test_f") != golden_name("other/test_x.py::test_f")
+    assert golden_name("t.py::test_x[1.5]") == "t.test_x-1.5.h5"  # dots in parameter ids are fine
 
 
 def test_accepts_runs():
