@@ -76,7 +76,9 @@ class Recorder:
         self._bufs: list[dict | None] = [None] * len(self.specs)  # device buffers, self._rows[i] rows
         self._rows: list[int] = [self.flush_every] * len(self.specs)
         self._steps: list[list[int]] = [[] for _ in self.specs]  # labels written into them
+        self._times: list[list[int]] = [[] for _ in self.specs]  # their log() times (with a timeline)
         self._pending = False
+        self._flush_times: dict[str, np.ndarray] = {}
         self._calls = 0
         self._first: int | None = None
         self._last: int | None = None
@@ -130,9 +132,12 @@ class Recorder:
             except _ShapeChange as e:
                 raise JaxlogError(f"record {e.path!r} at step {step}: {e.detail}") from e.__cause__
             full = False
+            t_log = _now() if self.timeline is not None else 0
             for i, b in zip(idx, new):
                 self._bufs[i] = b
                 self._steps[i].append(step)
+                if self.timeline is not None:
+                    self._times[i].append(t_log)
                 full = full or len(self._steps[i]) >= self._rows[i]
             self._pending = True
         else:
@@ -231,13 +236,17 @@ class Recorder:
         live = [i for i, st in enumerate(self._steps) if st]
         host = jax.device_get([self._bufs[i] for i in live])  # one transfer per flush
         per_path = {}
+        self._flush_times = {}
         for i, vals in zip(live, host):
             n = len(self._steps[i])
             steps = np.asarray(self._steps[i], np.int64)
             for p, v in vals.items():
                 per_path[p] = (steps, v[:n])
+                if self._times[i]:
+                    self._flush_times[p] = np.asarray(self._times[i], np.int64)
         for i in live:
             self._steps[i] = []
+            self._times[i] = []
             self._bufs[i] = None  # fresh buffers next time: the host arrays may alias these
         self._pending = False
         frames = Frames()
@@ -261,8 +270,22 @@ class Recorder:
             raise
         if self.timeline is not None:
             self.timeline.slice("host", f"flush {len(frames)} records", t0, _now())
+            self._counters(watch.frames_to_write(frames, new) if new else frames)
         if new:
             self._violated(new)
+
+    def _counters(self, frames: Frames) -> None:
+        """A counter track per scalar record on the timeline, each value at its ``log()`` time
+        (as ``jl.run`` does per chunk)."""
+        for p in frames:
+            v, ts = frames.values[p], self._flush_times.get(p)
+            if (ts is None or v.ndim != 1 or not len(v) or np.iscomplexobj(v)
+                    or not (np.issubdtype(v.dtype, np.number) or v.dtype == np.bool_)):
+                continue
+            try:
+                self.timeline.counter_series(p, ts[: len(v)], v.astype(np.float64))
+            except Exception:
+                pass
 
     def _violated(self, new: list) -> None:
         """New violations from one flush, earliest first (``self._watch.first`` is the run's first)."""

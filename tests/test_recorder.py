@@ -304,3 +304,18 @@ def test_device_buffers_are_bounded_whatever_flush_every():
     np.testing.assert_array_equal(rec.trajectory.steps("x"), np.arange(8))
     with pytest.raises(jl.JaxlogError, match="buffer_bytes"):
         jl.Recorder({"x": positions}, buffer_bytes=0)
+
+
+def test_timeline_gets_a_counter_per_scalar_record(tmp_path):
+    """Like jl.run, a Recorder with a timeline puts each scalar record on a counter track (the
+    .pftrace shows energy against time), one point per log() that took it."""
+    from pytest_jaxlog._perfetto import Timeline
+    from pytest_jaxlog._trace import load_trace
+
+    tl = Timeline()
+    with jl.Recorder(RECORD, flush_every=3, timeline=tl) as rec:
+        _loop(rec, 7)
+    assert tl.counter_names() == ("e",)  # x (positions) is not a scalar
+    ts, vals = load_trace(tl.write(tmp_path / "t.pftrace")).counters["e"]
+    np.testing.assert_array_equal(vals, np.asarray(rec.trajectory["e"], np.float64))
+    assert len(ts) == 8 and np.all(np.diff(ts) > 0)
