@@ -79,6 +79,7 @@ class Recorder:
         self._times: list[list[int]] = [[] for _ in self.specs]  # their log() times (with a timeline)
         self._pending = False
         self._flush_times: dict[str, np.ndarray] = {}
+        self._jit_state: bool | None = None  # decided on the first log: can the state be a jit argument?
         self._calls = 0
         self._first: int | None = None
         self._last: int | None = None
@@ -127,8 +128,14 @@ class Recorder:
                     self._bufs[i] = {p: jnp.zeros((self._rows[i], *shape), dtype) for p, (shape, dtype)
                                      in self._expect[i].items()}
                 bufs.append(self._bufs[i])
+            rows = tuple(len(self._steps[i]) for i in idx)
             try:
-                new = _log_into(key, state, tuple(bufs), tuple(len(self._steps[i]) for i in idx))
+                if self._jit_state is None:
+                    self._jit_state = _jittable(state)
+                if self._jit_state:  # views and buffer writes in one jitted call
+                    new = _log_into(key, state, tuple(bufs), rows)
+                else:  # views on the concrete state (any object), then one jitted buffer write
+                    new = _write_into(key, _eval_views(key, state), tuple(bufs), rows)
             except _ShapeChange as e:
                 raise JaxlogError(f"record {e.path!r} at step {step}: {e.detail}") from e.__cause__
             full = False
@@ -360,15 +367,27 @@ class _ShapeChange(Exception):
         self.path, self.detail = path, detail
 
 
-def _log_impl(key: _LogKey, state, bufs, rows):
-    """Evaluate the scheduled views and write them into row ``rows[j]`` of their device buffers."""
+def _eval_views(key: _LogKey, state) -> tuple:
+    """The scheduled views' outputs, one ``{path: value}`` per record (a failing view is named)."""
     out = []
-    for i, buf, row in zip(key.idx, bufs, rows):
+    for i in key.idx:
         try:
-            vals = _views(key.specs, state, (i,))
+            out.append(_views(key.specs, state, (i,)))
         except Exception as exc:  # the user's view broke on this state: name the record
             err = _ShapeChange(key.specs[i].name, f"the view raised {type(exc).__name__}: {exc}")
             raise err from exc
+    return tuple(out)
+
+
+def _log_impl(key: _LogKey, state, bufs, rows):
+    """Evaluate the scheduled views and write them into row ``rows[j]`` of their device buffers."""
+    return _write_impl(key, _eval_views(key, state), bufs, rows)
+
+
+def _write_impl(key: _LogKey, values, bufs, rows):
+    """Write view outputs (checked against the schema) into row ``rows[j]`` of their buffers."""
+    out = []
+    for vals, buf, row in zip(values, bufs, rows):
         new = {}
         for p, b in buf.items():
             v = vals.get(p)
@@ -384,6 +403,14 @@ def _log_impl(key: _LogKey, state, bufs, rows):
 
 
 _log_into = jax.jit(_log_impl, static_argnums=0, donate_argnums=2)
+_write_into = jax.jit(_write_impl, static_argnums=0, donate_argnums=2)
+
+
+def _jittable(state: Any) -> bool:
+    """Whether ``state`` can be a jit argument: a pytree of arrays and numbers only (a hand-written
+    loop's state may be any object, or hold strings and configuration)."""
+    return all(isinstance(leaf, (jax.Array, np.ndarray, np.generic, int, float, complex))
+               for leaf in jax.tree_util.tree_leaves(state))
 
 
 def _now() -> int:

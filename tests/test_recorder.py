@@ -319,3 +319,25 @@ def test_timeline_gets_a_counter_per_scalar_record(tmp_path):
     ts, vals = load_trace(tl.write(tmp_path / "t.pftrace")).counters["e"]
     np.testing.assert_array_equal(vals, np.asarray(rec.trajectory["e"], np.float64))
     assert len(ts) == 8 and np.all(np.diff(ts) > 0)
+
+
+def test_states_that_are_not_arrays_pytrees():
+    """A hand-written loop's state may be any object, or a dict holding strings and settings: the
+    views see it as it is (they used to be jitted with the state as argument: a raw TypeError)."""
+
+    class Sim:  # not a registered pytree
+        def __init__(self, x, n):
+            self.x, self.n = x, n
+
+    with jl.Recorder({"x": lambda s: s.x, "n": lambda s: s.n}, flush_every=2) as rec:
+        for k in range(3):
+            rec.log(Sim(jnp.full(2, float(k)), k), k)
+    np.testing.assert_array_equal(rec.trajectory["x"], [[0, 0], [1, 1], [2, 2]])
+    np.testing.assert_array_equal(rec.trajectory["n"], [0, 1, 2])
+    assert rec.timings.compiles == 0  # the recorder's own buffer writes are not the user's compiles
+
+    with pytest.raises(jl.JaxlogError, match=r"record 'x' at step 1: got float32\[3\]"):
+        with jl.Recorder({"x": lambda s: s["x"]}) as rec:
+            rec.log({"x": jnp.zeros(2), "name": "run1"}, 0)
+            rec.log({"x": jnp.zeros(3), "name": "run1"}, 1)
+    assert list(rec.trajectory.steps("x")) == [0]
