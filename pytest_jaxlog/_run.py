@@ -38,7 +38,7 @@ __all__ = ["run", "Run", "auto_chunk"]
 
 DEFAULT_BUDGET = 64 * 2**20
 CHUNK_CAP = 10_000
-_JIT_NAMES = ("_chunk_impl", "_views_impl", "_single_impl", "_log_impl")  # the drivers' own programs
+_JIT_NAMES = ("_chunk_impl", "_views_impl", "_single_impl", "_log_impl", "_write_impl")  # the drivers' own programs
 _STEP_PROGRAMS = ("_chunk_impl", "_single_impl")  # those that compile the step function
 
 
@@ -263,7 +263,7 @@ def _run(step, state, steps, specs, invariants, sinks, key, keyed, dt, chunk, pr
 
     end = start_step + steps
     windows = check_windows(profile, end, start_step) if profile is not None else ()
-    state = jax.tree_util.tree_map(jnp.asarray, state)
+    state = _as_arrays(state)
     if keyed:
         key = jnp.asarray(key)
 
@@ -497,6 +497,24 @@ def _resolve(step, specs, state, key, has_aux, keyed, batched, dt) -> Schema:
             _RESOLVED.pop(next(iter(_RESOLVED)))
         _RESOLVED[ck] = schema
     return schema
+
+
+def _as_arrays(state):
+    """The state as device arrays; a leaf that cannot be one is an error naming it (jl.run carries
+    the whole state through ``lax.scan``: configuration belongs in the step's closure)."""
+    pairs, treedef = jax.tree_util.tree_flatten_with_path(state)
+    out = []
+    for kp, leaf in pairs:
+        try:
+            out.append(jnp.asarray(leaf))
+        except (TypeError, ValueError) as e:
+            where = jax.tree_util.keystr(kp) or "(the state itself)"
+            raise JaxlogError(
+                f"state leaf {where} is {type(leaf).__name__} {leaf!r:.60}, not an array: jl.run carries the "
+                f"state on the device, so every leaf must be a numeric array (keep configuration such as "
+                f"names or settings out of the state, e.g. in the step function's closure) ({e})"
+            ) from None
+    return jax.tree_util.tree_unflatten(treedef, out)
 
 
 def _deleted(tree) -> bool:

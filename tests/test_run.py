@@ -516,3 +516,8 @@ def test_postmortem_keeps_the_impl_of_typed_keys_in_the_state(tmp_path):
     before = {"x": jnp.asarray(pm[bad - 1]["state/x"]),
               "k": jax.random.wrap_key_data(jnp.asarray(pm[bad - 1]["state/k"]), impl="rbg")}
     np.testing.assert_array_equal(walk(before)["x"], pm[bad]["state/x"])
+
+
+def test_a_state_leaf_that_is_not_an_array_is_named():
+    with pytest.raises(jl.JaxlogError, match=r"state leaf \['name'\] is str 'run1', not an array: jl.run carries"):
+        jl.run(lambda s: {"x": s["x"] + 1, "name": s["name"]}, {"x": jnp.ones(2), "name": "run1"}, 3)
