@@ -368,8 +368,8 @@ class JaxlogSession:
             fx.refresh()
         exc = getattr(excinfo, "value", None)
         if isinstance(exc, AssertionError) and hasattr(exc, "invariant") and hasattr(exc, "to_json"):
-            if state.fixtures:
-                state.fixtures[-1]._on_violation(exc)
+            if state.fixtures:  # not from the fixture's runs/recorders (those are noted already): a jl.run
+                state.fixtures[-1]._on_violation(exc, attach=False)  # of the test's own; its files are not ours
 
     def section(self, item: pytest.Item) -> str | None:
         state = item.stash.get(STATE_KEY, None)
@@ -584,13 +584,13 @@ class JaxlogFixture:
             return {k: p for k, p in self._artifacts.items() if ":" not in k}
         return {k.split(":", 1)[1]: p for k, p in self._artifacts.items() if k.startswith(f"{stem}:")}
 
-    def _on_violation(self, violation: Any, stem: str | None = None) -> None:
+    def _on_violation(self, violation: Any, stem: str | None = None, attach: bool = True) -> None:
         """Note a violation of run ``stem``: its message and JSON name that run's files (not other runs')."""
         if violation is None or any(v is violation for v in self._state.violation_objs):
             return
         self._state.violation_objs.append(violation)
         try:
-            arts = self._run_artifacts(stem)
+            arts = self._run_artifacts(stem) if attach else {}
             if arts and hasattr(violation, "with_artifacts"):
                 violation.with_artifacts({k: self._session.display(p) for k, p in arts.items()})
         except Exception:

@@ -231,10 +231,18 @@ def test_loop(jaxlog):
         for k in range(10):
             rec.log(s, k)
             s = explode(s)
+
+def test_direct(jaxlog, tmp_path):
+    jaxlog.run(rotate, STATE, 5, record={"energy": energy})
+    jl.run(explode, STATE, 20, record={"energy": energy}, invariants=[jl.conserved("energy", rtol=0.1)],
+           sinks=[jl.HDF5Writer(tmp_path / "mine.h5")])  # the test's own run: the fixture's files are not its files
 """
     )
-    result = pytester.runpytest("-p", "no:cacheprovider")
-    result.assert_outcomes(failed=1)
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly")
+    result.assert_outcomes(failed=2)
+    direct = result.stdout.str().split("_ test_direct _")[1].split("- jaxlog -")[1].split("artifacts:")[0]
+    assert "violation: [jaxlog] invariant conserved(energy" in direct and "mine.h5" in direct
+    assert ".jaxlog/" not in direct
     # the violation names the violating run's files (trajectory-1), not the first run's
     result.stdout.fnmatch_lines(["*- jaxlog -*", "violation: *conserved(energy, rtol=0.1) violated at step 1*",
                                  "  trajectory: .jaxlog/test_r.test_loop/trajectory-1.h5",
@@ -243,5 +251,5 @@ def test_loop(jaxlog):
     assert "test_r.test_loop/trajectory.h5" not in section and "trajectory-1.pftrace" in section
     assert jl.load(pytester.path / ".jaxlog/test_r.test_loop/trajectory-1.h5").status == "violated"
     doc = json.loads((pytester.path / ".jaxlog/manifest.json").read_text())
-    (violation,) = doc["tests"][0]["violations"]
+    (violation,) = {e["nodeid"]: e for e in doc["tests"]}["test_r.py::test_loop"]["violations"]
     assert violation["artifacts"]["trajectory"] == ".jaxlog/test_r.test_loop/trajectory-1.h5"
