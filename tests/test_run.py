@@ -305,8 +305,10 @@ def test_keyboard_interrupt_stops_at_chunk_boundary():
     with pytest.raises(KeyboardInterrupt) as info:
         jl.run(osc, STATE, 50, record={"e": energy}, sinks=[mem, bad], chunk=5, donate=False, progress=False)
     assert mem.status == bad.status == "stopped"
-    assert mem.steps_done == 10  # chunks 0..4 and 5..9 written before the third write raised
-    np.testing.assert_array_equal(mem.frames().steps["e"][:11], np.arange(11))
+    # chunks 0..4 and 5..9 written everywhere before the third write raised; mem (listed first)
+    # took that third batch too, so it holds, and says, steps up to 15
+    assert mem.steps_done == 15
+    np.testing.assert_array_equal(mem.frames().steps["e"], np.arange(16))
     run = info.value.jaxlog_run
     assert run.steps_done == 10 and run.status == "stopped"
     _leaves_equal(run.state, _reference(10)[-1])
@@ -420,7 +422,7 @@ def test_keyboard_interrupt_with_donation_returns_the_newest_state():
         jl.run(osc, STATE, 50, record={"e": energy}, sinks=[mem, CountingSink(fail_at=2, exc=KeyboardInterrupt())],
                chunk=5, progress=False)
     run = info.value.jaxlog_run
-    assert mem.status == "stopped" and mem.steps_done == 5
+    assert mem.status == "stopped" and mem.steps_done == 10  # it took the batch the next sink stopped on
     assert run.steps_done >= mem.steps_done  # chunks already dispatched are not thrown away
     _leaves_equal(run.state, _reference(run.steps_done)[-1])
     assert not any(leaf.is_deleted() for leaf in jax.tree_util.tree_leaves(STATE))
