@@ -318,6 +318,19 @@ def cmd_plot(args) -> int:
         raise UsageError("[jaxlog] plot needs matplotlib, which is not installed: pip install 'pytest-jaxlog[plot]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    out = Path(args.output)
+    if out.is_dir():
+        raise UsageError(f"[jaxlog] output {args.output} is a directory; name the image file, e.g. {out / 'plot.png'}")
+    if not out.suffix:  # matplotlib would write <name>.png and we would report <name>
+        out = out.with_name(out.name + ".png")
+    supported = FigureCanvasAgg.get_supported_filetypes()
+    if out.suffix[1:].lower() not in supported:
+        raise UsageError(f"[jaxlog] cannot write {out.suffix} images; use one of: "
+                         + ", ".join(f".{k}" for k in sorted(supported)))
+    if out.parent and not out.parent.exists():
+        raise UsageError(f"[jaxlog] output directory {out.parent} does not exist")
 
     fig, axes = plt.subplots(len(paths), 1, figsize=(8, 2.4 * len(paths) + 0.6), sharex=True, squeeze=False)
     xlabel = "step"
@@ -350,9 +363,6 @@ def cmd_plot(args) -> int:
     status = getattr(traj, "status", None)
     fig.suptitle(f"{Path(args.file).name}" + (f" ({status})" if status else ""), fontsize="medium")
     fig.tight_layout()
-    out = Path(args.output)
-    if out.parent and not out.parent.exists():
-        raise UsageError(f"[jaxlog] output directory {out.parent} does not exist")
     fig.savefig(out, dpi=100)
     plt.close(fig)
     print(f"wrote {out} ({len(paths)} record{'s' if len(paths) != 1 else ''})")

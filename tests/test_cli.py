@@ -168,6 +168,14 @@ def test_plot(files, tmp_path):
     r = cli("plot", files / "b.h5", "energy", "x", "--time", "-o", out2)
     assert r.returncode == 0, r.stderr
     assert out2.read_bytes()[:4] == b"\x89PNG" and "(2 records)" in r.stdout
+    # a name without suffix gets .png, and the message names the file written
+    r = cli("plot", files / "a.h5", "-o", tmp_path / "noext")
+    assert r.returncode == 0 and r.stdout.startswith(f"wrote {tmp_path / 'noext.png'} ")
+    assert (tmp_path / "noext.png").read_bytes()[:4] == b"\x89PNG"
+    # an image format matplotlib cannot write is a one-line error, not a traceback
+    r = cli("plot", files / "a.h5", "-o", tmp_path / "plot.xyz")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert r.stderr.startswith("[jaxlog] cannot write .xyz images; use one of: ") and ".png" in r.stderr
 
 
 def test_plot_without_matplotlib(files, tmp_path):
