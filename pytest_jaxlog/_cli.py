@@ -52,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
                            description="Summarise a trace (jaxlog .pftrace or JAX's perfetto_trace.json.gz / "
                            "trace.json.gz): steps, median and p90 step time, XLA compilations, top slices.")
     trace.add_argument("file", metavar="FILE", help="trace file")
-    trace.add_argument("--top", type=int, default=10, help="how many slice names to list (default 10)")
+    trace.add_argument("--top", type=_count, default=10, help="how many slice names to list (default 10; 0: none)")
 
     plot = sub.add_parser("plot", help="plot records against step (or time) into an image",
                           description="Plot records of a trajectory, one subplot per record, against step "
@@ -62,6 +62,16 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("-o", "--output", required=True, help="output image (.png, .svg, .pdf)")
     plot.add_argument("--time", action="store_true", help="x axis is time (needs dt) instead of step")
     return p
+
+
+def _count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return n
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -290,7 +300,7 @@ def cmd_trace(args) -> int:
         t = totals.setdefault(s.name, [0.0, 0])
         t[0] += s.dur_s
         t[1] += 1
-    if totals:
+    if totals and args.top > 0:
         top = sorted(totals.items(), key=lambda kv: -kv[1][0])[: args.top]
         print(f"  top slices by total time ({len(slices)} slices):")
         w = min(max(len(name) for name, _ in top), 60)

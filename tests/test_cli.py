@@ -149,6 +149,8 @@ def test_trace(files):
     assert "steps: 10 (steps 0..9)   median 145.0 us   p90 450.0 us" in r.stdout
     assert "compilations: 2 (1.100 ms)" in r.stdout
     assert "jaxlog_step" in r.stdout and "compile step" in r.stdout
+    r = cli("trace", files / "run.pftrace", "--top", "0")  # the summary without the slice list (was a traceback)
+    assert r.returncode == 0 and "compilations: 2" in r.stdout and "top slices" not in r.stdout, r.stderr
     r = cli("trace", files / "perfetto_trace.json.gz")
     assert r.returncode == 0, r.stderr
     assert "steps: 4 (steps 0..3)" in r.stdout and "compilations: 1 (1.000 ms)" in r.stdout
