@@ -208,6 +208,11 @@ class HDF5Writer:
         if self.path.is_dir():
             raise JaxlogError(f"HDF5Writer({self.path}): the path is a directory; give a file path (e.g. "
                               f"{self.path / 'trajectory.h5'})")
+        for group, mapping in self.particles.items():  # before the file exists: a bad mapping leaves none
+            for name, path in mapping.items():
+                if path not in schema:
+                    raise JaxlogError(f"HDF5Writer({self.path}): particles[{group!r}][{name!r}]: record {path!r} "
+                                      f"is not recorded; recorded: {', '.join(schema.paths) or '(none)'}")
         mine = _same_file_key(self.path)
         for other in list(_LIVE):
             if other is not self and other._state == "open" and _same_file_key(other.path) == mine:
@@ -224,8 +229,13 @@ class HDF5Writer:
         try:
             self._file = self._create(schema, meta)
         except Exception as exc:
-            if self._file is not None:
+            if self._file is not None:  # we created (truncated) it: a half-made file fails later readers
                 self._file.close()
+                self._file = None
+                try:
+                    self.path.unlink()
+                except OSError:
+                    pass
             raise WriterError(f"cannot create trajectory file {self.path}: {exc}") from exc
         self._state = "open"
         self._thread = threading.Thread(target=self._run, name=f"jaxlog-hdf5:{self.path.name}", daemon=True)

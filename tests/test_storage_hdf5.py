@@ -509,3 +509,16 @@ def test_two_writers_of_one_path_and_a_directory_path_are_clear_errors(tmp_path)
     second.close("complete", steps_done=0)
     with pytest.raises(jl.JaxlogError, match=r"the path is a directory"):
         HDF5Writer(tmp_path).open(schema, {})
+
+
+def test_bad_particles_mapping_is_refused_before_a_file_exists(tmp_path):
+    schema = simple_schema()
+    w = HDF5Writer(tmp_path / "t.h5", particles={"atoms": {"position": "state/nope"}})
+    with pytest.raises(jl.JaxlogError, match=r"particles\['atoms'\]\['position'\]: record 'state/nope' is not "
+                                             r"recorded; recorded: energy, state/x"):
+        w.open(schema, {})
+    assert not (tmp_path / "t.h5").exists()  # was a half-made file without /jaxlog that load() rejects
+    w = HDF5Writer(tmp_path / "t.h5", particles={"atoms": {"position": "state/x"}})
+    w.open(schema, {})
+    w.close("complete", steps_done=0)
+    assert load(tmp_path / "t.h5").status == "complete"
