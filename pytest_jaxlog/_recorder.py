@@ -165,13 +165,17 @@ class Recorder:
                     self._flush()
                 if not self._sinks.closed:
                     first = None if self._watch is None else self._watch.first
-                    if first is None:
-                        self._sinks.close("complete", steps_done=self._last or 0)
-                        self.status = "complete"
-                    else:  # "warn"/"record": the whole loop was recorded, and it broke an invariant
-                        first.with_artifacts(self._sinks.artifacts)
-                        self._sinks.close("violated", steps_done=self._last or 0, violation=first.to_json())
-                        self.status = "violated"
+                    try:
+                        if first is None:
+                            self._sinks.close("complete", steps_done=self._last or 0)
+                            self.status = "complete"
+                        else:  # "warn"/"record": the whole loop was recorded, and it broke an invariant
+                            first.with_artifacts(self._sinks.artifacts)
+                            self._sinks.close("violated", steps_done=self._last or 0, violation=first.to_json())
+                            self.status = "violated"
+                    except BaseException:  # a sink failed to close (its error is raised): not complete
+                        self.status = "failed"
+                        raise
             else:
                 if self.schema is not None and not self._halted:
                     try:

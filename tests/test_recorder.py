@@ -341,3 +341,11 @@ def test_states_that_are_not_arrays_pytrees():
             rec.log({"x": jnp.zeros(2), "name": "run1"}, 0)
             rec.log({"x": jnp.zeros(3), "name": "run1"}, 1)
     assert list(rec.trajectory.steps("x")) == [0]
+
+
+def test_a_sink_failing_to_close_leaves_the_recorder_failed():
+    bad = jl.CallbackSink(lambda fr: None, on_close=lambda *a: 1 / 0)
+    with pytest.raises(jl.WriterError, match="on_close callback"):
+        with jl.Recorder(RECORD, sinks=[MemorySink(), bad]) as rec:
+            _loop(rec, 2)
+    assert rec.status == "failed"  # was left "running"
