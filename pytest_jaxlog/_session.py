@@ -634,8 +634,12 @@ class JaxlogFixture:
             timeline=timeline,
         )
         result = None
+        caught: list = []
         try:
-            result = jl_run(step, state, steps, **kwargs)
+            # jl.run's warnings (on_violation="warn") point at its caller, which is this method: caught here and
+            # re-emitted below at the test's line. The user's filters still apply (-W error raises in the run).
+            with warnings.catch_warnings(record=True) as caught:
+                result = jl_run(step, state, steps, **kwargs)
         except BaseException as e:  # InvariantViolation (an AssertionError: a test failure) or anything else
             partial = getattr(e, "jaxlog_run", None)
             self._collect(writer, window, partial, stem)
@@ -644,7 +648,9 @@ class JaxlogFixture:
             self._note_timings(partial)
             if isinstance(e, AssertionError) and hasattr(e, "invariant"):
                 self._on_violation(e, stem)
+            _reemit(caught)
             raise
+        _reemit(caught)
         self._collect(writer, window, result, stem)
         if own_timeline:
             self._write_timeline(timeline, self.dir / f"{stem}.pftrace", stem)
@@ -805,6 +811,16 @@ class JaxlogFactory:
             state.pending_example = d
             return
         _drop_example(state, d)
+
+
+def _reemit(caught: list) -> None:
+    """Warnings caught around a ``jl.run`` call in ``JaxlogFixture.run``: jaxlog's own at the line of the test
+    that called ``jaxlog.run`` (stack: _reemit, run, caller), others where they were first raised."""
+    for w in caught:
+        if issubclass(w.category, JaxlogRuntimeWarning):
+            warnings.warn(w.message, stacklevel=3)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
 
 
 def _drop_example(state: TestState, d: Path) -> None:
