@@ -384,6 +384,9 @@ class JaxlogSession:
         lines.append(f"compiles: {state.compiles}")
         for note in state.notes:
             lines.append(f"note: {note}")
+        if "jaxlog" in getattr(item, "fixturenames", ()) and getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
+            lines.append("hint: in @given tests use the jaxlog_factory fixture, `with jaxlog_factory() as jaxlog:` "
+                         "inside the test: one artifact directory per example, the failing one kept")
         if state.settings.keep == "none":
             lines.append("(artifacts are removed at teardown: --jaxlog-keep=none)")
         return "\n".join(lines)

@@ -325,6 +325,11 @@ def test_hypothesis_factory_keeps_the_failing_example(pytester):
                 (jaxlog.dir / "x.txt").write_text(str(x))
             assert x < 5  # checks on the run after `with`: the example still counts as failing
 
+        @settings(max_examples=3, database=None)
+        @given(st.integers(0, 10))
+        def test_function_fixture(jaxlog, x):  # hypothesis' health check fails it; the section says what to use
+            pass
+
         @settings(max_examples=10, database=None)
         @given(st.integers(0, 10))
         def test_passes(jaxlog_factory, x):
@@ -333,8 +338,10 @@ def test_hypothesis_factory_keeps_the_failing_example(pytester):
         """
     )
     result = pytester.runpytest()
-    result.assert_outcomes(passed=1, failed=2)
-    assert "FailedHealthCheck" not in result.stdout.str()
+    result.assert_outcomes(passed=1, failed=3)
+    result.stdout.fnmatch_lines(["*_ test_function_fixture _*", "*FailedHealthCheck*", "*- jaxlog -*",
+                                 "hint: in @given tests use the jaxlog_factory fixture, `with jaxlog_factory() as jaxlog:`*"])
+    assert "function-scoped fixture 'jaxlog_factory'" not in result.stdout.str()  # the factory passes the check
     base = pytester.path / ".jaxlog"
     tests, _ = _manifest(base)
     assert not tests["test_passes"]["kept"] and tests["test_passes"]["examples"] >= 1
