@@ -132,9 +132,15 @@ class Recorder:
             try:
                 if self._jit_state is None:
                     self._jit_state = _jittable(state)
+                new = None
                 if self._jit_state:  # views and buffer writes in one jitted call
-                    new = _log_into(key, state, tuple(bufs), rows)
-                else:  # views on the concrete state (any object), then one jitted buffer write
+                    try:
+                        new = _log_into(key, state, tuple(bufs), rows)
+                    except TypeError:
+                        if _jittable(state):
+                            raise
+                        self._jit_state = False  # the state changed kind since the first log
+                if not self._jit_state:  # views on the concrete state (any object), then one jitted buffer write
                     new = _write_into(key, _eval_views(key, state), tuple(bufs), rows)
             except _ShapeChange as e:
                 raise JaxlogError(f"record {e.path!r} at step {step}: {e.detail}") from e.__cause__

@@ -336,6 +336,11 @@ def test_states_that_are_not_arrays_pytrees():
     np.testing.assert_array_equal(rec.trajectory["n"], [0, 1, 2])
     assert rec.timings.compiles == 0  # the recorder's own buffer writes are not the user's compiles
 
+    with jl.Recorder({"x": lambda s: s["x"]}) as rec:  # arrays at first, then a setting joins the state
+        rec.log({"x": jnp.zeros(2)}, 0)
+        rec.log({"x": jnp.ones(2), "name": "run1"}, 1)
+    np.testing.assert_array_equal(rec.trajectory["x"], [[0, 0], [1, 1]])
+
     with pytest.raises(jl.JaxlogError, match=r"record 'x' at step 1: got float32\[3\]"):
         with jl.Recorder({"x": lambda s: s["x"]}) as rec:
             rec.log({"x": jnp.zeros(2), "name": "run1"}, 0)
