@@ -487,14 +487,16 @@ def golden_name(nodeid: str, suffix: str = ".h5") -> str:
         file = file[:-3]
     raw = file.replace("\\", "/").split("/")
     parts = [p for p in raw if p not in ("", ".", "..")]
-    parts += [p for p in rest.split("::") if p]
+    head, bracket, param = rest.partition("[")  # the parameter id may hold '::' itself: split it off first
+    if bracket and not param.endswith("]"):
+        head, bracket, param = rest, "", ""
+    parts += [p for p in head.split("::") if p]
     # a '.' inside a part ('v1.2/test_x.py' vs 'v1/2/test_x.py') or a '..' dropped from the path would
     # make two tests' names equal: hashed like replaced characters
-    ambiguous = ".." in raw or any("." in p for p in parts[:-1]) or (bool(parts) and "." in parts[-1].partition("[")[0])
+    ambiguous = ".." in raw or any("." in p for p in parts)
     name = ".".join(parts)
-    if "[" in name and name.endswith("]"):
-        base, _, param = name.partition("[")
-        name = f"{base}-{param[:-1]}"
+    if bracket:
+        name = f"{name}-{param[:-1]}"
     safe = _UNSAFE.sub("_", name)
     if safe != name or ambiguous or len(safe) > 120:
         digest = hashlib.sha1(nodeid.encode()).hexdigest()[:8]

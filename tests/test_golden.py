@@ -325,6 +325,8 @@ def test_golden_name():
     assert golden_name("v1.2/test_x.py::test_f") != golden_name("v1/2/test_x.py::test_f")
     assert golden_name("../other/test_x.py::test_f") != golden_name("other/test_x.py::test_f")
     assert golden_name("t.py::test_x[1.5]") == "t.test_x-1.5.h5"  # dots in parameter ids are fine
+    assert golden_name("t.py::test_x[a::b]") != golden_name("t.py::test_x[a.b]")  # '::' inside a parameter id
+    assert golden_name("t.py::C::test_x[a::b]").startswith("t.C.test_x-a__b-")
 
 
 def test_accepts_runs():
