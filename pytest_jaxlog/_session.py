@@ -723,8 +723,19 @@ class JaxlogFixture:
         status = check_golden(run, path, regen=self._session.regen, rtol=rtol, atol=atol, records=records)
         self._state.goldens.append({"path": str(path), "status": status})
         if status == "regenerated":
+            note = ""
+            try:  # a reference made from a broken run deserves a second look
+                traj = getattr(run, "trajectory", run)
+                traj_status = getattr(traj, "status", None)
+                if traj_status not in (None, "complete"):
+                    v = getattr(traj, "violation", None)
+                    inv = v.get("invariant") if isinstance(v, dict) else None
+                    note = f"; note: the run's status is {traj_status!r}" + (
+                        f" ({inv} violated at step {v.get('step')})" if inv else "")
+            except Exception:
+                pass
             warnings.warn(
-                JaxlogRuntimeWarning(f"[jaxlog] regenerated golden {self._session.display(path)} (--jaxlog-regen)"),
+                JaxlogRuntimeWarning(f"[jaxlog] regenerated golden {self._session.display(path)} (--jaxlog-regen){note}"),
                 stacklevel=2,
             )
         return status
