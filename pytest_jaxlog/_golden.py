@@ -453,6 +453,7 @@ def check_golden(
     inspect.signature(diff_trajectories).bind(actual, golden_path, **options)  # a misspelt option fails on regen too
     if regen:
         traj = as_trajectory(actual)
+        select_records(options.get("records"), traj)  # an unknown record fails now, not at the next check
         golden_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = golden_path.with_name(f".{golden_path.stem}.{os.getpid()}.tmp{golden_path.suffix or '.h5'}")
         try:

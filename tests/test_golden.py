@@ -356,6 +356,8 @@ def test_comparison_options_declared_once(tmp_path):
         jl.assert_trajectory_close(a, e, 1e-3, hint="HINT")
     with pytest.raises(TypeError, match="rtoll"):
         check_golden(a, tmp_path / "g.h5", regen=True, rtoll=1e-3)
+    with pytest.raises(jl.JaxlogError, match="record 'w' is not recorded"):  # a misspelt record too
+        check_golden(a, tmp_path / "g.h5", regen=True, records=["w"])
     assert not (tmp_path / "g.h5").exists()
     assert check_golden(a, tmp_path / "g.h5", regen=True, rtol=0) == "regenerated"
     assert check_golden(a, tmp_path / "g.h5", regen=False, rtol=0, records="v", steps=[0, 1]) == "ok"
