@@ -763,9 +763,17 @@ class JaxlogFixture:
         """Gather artifacts of recorders/windows, write timelines (the test's `with` blocks closed them)."""
         try:
             self.refresh()
-            for kind, obj, _, _, _ in self._open:
+            windows = any(kind == "window" for kind, *_ in self._open)
+            for kind, obj, _, stem, _ in self._open:
                 if kind == "recorder":
                     self._note_timings(obj)
+                    if self.settings.profile is not None and not windows:  # say why no trace came out
+                        a, b = self.settings.profile
+                        label = stem if self._dir == self._state.dir else f"{self._dir.name}/{stem}"
+                        self._state.notes.append(
+                            f"profile window {a}:{b} ({self._state.profile_source}) not applied to recorder {label!r}: "
+                            "in hand-written loops log a jaxlog.profile_window() too (jl.CompositeLogger(recorder, window))"
+                        )
         finally:
             self._open.clear()
             for tl, path in list(self._timelines):
