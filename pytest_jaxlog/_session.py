@@ -251,6 +251,10 @@ class JaxlogSession:
         self.invocation_dir = Path(config.invocation_params.dir).resolve()
         self.rootdir = Path(config.rootpath).resolve()
         self.base = self._resolve_base()
+        if self.base.exists() and not self.base.is_dir():  # else every test errors and the manifest crashes the session
+            raise pytest.UsageError(
+                f"[jaxlog] jaxlog dir (--jaxlog-dir / JAXLOG_DIR / jaxlog_dir): {self.base} is a file, not a directory"
+            )
         try:
             self.settings = Settings(
                 keep=parse_choice(self._get("keep"), KEEP_CHOICES, "jaxlog keep (--jaxlog-keep / jaxlog_keep)"),

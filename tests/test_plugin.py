@@ -115,6 +115,7 @@ def test_ini_keys_and_precedence(pytester):
         ((), "jaxlog_profile = 5", "*jaxlog profile*expected START:STOP*got '5'*"),
         (("--jaxlog-profile=9:2",), "", "*jaxlog profile*need 0 <= START <= STOP, got 9:2*"),
         (("--jaxlog-chunk=0",), "", "*jaxlog chunk*expected a positive number of steps*"),
+        (("--jaxlog-dir=tox.ini",), "", "*jaxlog dir*tox.ini is a file, not a directory*"),
     ],
 )
 def test_bad_option_values_are_usage_errors(pytester, args, ini, message):
