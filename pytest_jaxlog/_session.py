@@ -449,7 +449,7 @@ class JaxlogSession:
                 tr.write_line(f"  ... and {len(notes) - limit} more (see manifest.json)")
         if regenerated:
             tr.write_line(f"regenerated {len(regenerated)} golden trajectories (--jaxlog-regen):")
-            for g in regenerated:
+            for g in sorted(regenerated, key=lambda g: g["path"]):
                 tr.write_line(f"  {g['path']}")
 
 

@@ -80,21 +80,25 @@ def test_golden_dir_ini(pytester):
     pytester.makepyfile(test_k=KERNEL.format(kick=-1), test_twice=KERNEL.format(kick=-1) + """
 import pytest_jaxlog as jl
 
+def test_violated_golden(jaxlog):
+    run = jaxlog.run(step, (jnp.int32(0), jnp.ones(2)), 5, record={"x": lambda s: s[1]}, on_violation="record",
+                     invariants=[jl.bounded("x", hi=0.95)])
+    jaxlog.check_golden(run)  # regenerated from a run that broke an invariant: the warning says so
+
 def test_two_runs_one_golden(jaxlog):
     a = jaxlog.run(step, (jnp.int32(0), jnp.ones(2)), 5, record={"x": lambda s: s[1]})
     b = jaxlog.run(step, (jnp.int32(0), jnp.zeros(2)), 5, record={"x": lambda s: s[1]})
     jaxlog.check_golden(a)
     jaxlog.check_golden(b)  # the same file: an error, not a golden that the first check then fails against
-
-def test_violated_golden(jaxlog):
-    run = jaxlog.run(step, (jnp.int32(0), jnp.ones(2)), 5, record={"x": lambda s: s[1]}, on_violation="record",
-                     invariants=[jl.bounded("x", hi=0.95)])
-    jaxlog.check_golden(run)  # regenerated from a run that broke an invariant: the warning says so
 """)
     result = pytester.runpytest("-p", "no:cacheprovider", "--jaxlog-regen", "-k", "test_k and other or two_runs or violated")
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(["*regenerated golden data/goldens/test_twice.test_violated_golden.h5 (--jaxlog-regen); "
                                  "note: the run's status is 'violated' (bounded(x*) violated at step 0)*"])
     assert len(list((pytester.path / "data" / "goldens").glob("*-ones.h5"))) == 1
+    # the summary lists the files sorted (run order differs, e.g. under xdist): the file defines 'violated' first
+    result.stdout.fnmatch_lines(["regenerated 3 golden trajectories (--jaxlog-regen):", "  data/goldens/test_k.test_other-ones.h5",
+                                 "  data/goldens/test_twice.test_two_runs_one_golden.h5",
+                                 "  data/goldens/test_twice.test_violated_golden.h5"])
     result.stdout.fnmatch_lines(["*JaxlogError: *check_golden(name=None): this test already checked golden "
                                  "data/goldens/test_twice.test_two_runs_one_golden.h5; give each checked run its own name=*"])
