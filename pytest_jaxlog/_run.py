@@ -1,14 +1,20 @@
-"""``jl.run``: the fast driver. Chunks of steps run on the device in ``lax.scan``; records come out
-as scan outputs and reach the host while the next chunk runs. No host callbacks in the step.
+"""``jl.run``: the fast driver. Chunks of steps run on the device in one compiled loop; records
+come out as device buffers and reach the host while the next chunk runs. No host callbacks in the step.
 
-How a chunk of ``L`` work steps ``k0 .. k0+L-1`` (recording steps ``k0+1 .. k0+L``) is compiled:
+How a chunk of ``n <= C`` work steps ``k0 .. k0+n-1`` (recording steps ``k0+1 .. k0+n``) runs:
 
-- records scheduled every step (and the step's aux output) are stacked scan outputs;
-- sparser records go into a fixed-size slot buffer carried through the scan: the host computes,
-  per step, which slot the value goes to (or a trash slot), from the pure schedule. Buffer size
-  ``schedule.max_in_span(L)``, so only scheduled steps are transferred;
-- the step's key is ``fold_in(key, k)``: nothing depends on where chunk boundaries fall, so the
-  trajectory and final state are bit-identical for any chunk size and a run resumes exactly.
+- one program per run, compiled for the capacity ``C`` (the chunk size) with the trip count ``n``
+  a runtime value (``lax.fori_loop`` with a traced bound, i.e. a while loop): the last, shorter
+  chunk, profile-window steps (``n = 1``) and the post-mortem replay run the very same executable.
+  A loop whose trip count is known at compile time may be unrolled or removed by XLA (length 1),
+  which changes fusion and so the last bits of reductions in views: with a runtime trip count,
+  records and states are bit-identical whatever the chunk size;
+- records scheduled every step (and the step's aux output) are written to row ``j`` of ``C``-row
+  buffers; sparser records go into a slot buffer of ``schedule.max_in_span(C)`` rows: the host
+  computes, per step, which slot the value goes to (or a trash slot), from the pure schedule, so
+  only scheduled steps are transferred;
+- the step's key is ``fold_in(key, k)``: nothing depends on where chunk boundaries fall, so a run
+  resumes exactly.
 
 Chunk ``i+1`` is dispatched before chunk ``i``'s outputs are pulled (JAX dispatch is async), so
 host work (frames, invariants, sinks) overlaps device work.
@@ -38,8 +44,8 @@ __all__ = ["run", "Run", "auto_chunk"]
 
 DEFAULT_BUDGET = 64 * 2**20
 CHUNK_CAP = 10_000
-_JIT_NAMES = ("_chunk_impl", "_views_impl", "_single_impl", "_log_impl", "_write_impl")  # the drivers' own programs
-_STEP_PROGRAMS = ("_chunk_impl", "_single_impl")  # those that compile the step function
+_JIT_NAMES = ("_chunk_impl", "_views_impl", "_log_impl", "_write_impl")  # the drivers' own programs
+_STEP_PROGRAMS = ("_chunk_impl",)  # those that compile the step function
 
 
 @dataclass(frozen=True)
@@ -71,45 +77,47 @@ def _views(specs, state, idx):
     return out
 
 
-def _chunk_impl(plan: _Plan, state, key, k0, slots):
+def _chunk_impl(plan: _Plan, state, key, k0, n, slots):
+    def outputs(st):  # what one step records densely: every-step views and the aux output
+        st, aux = _apply(plan.step, plan.has_aux, plan.keyed, key, k0, st)
+        ys = _views(plan.specs, st, plan.dense)
+        if plan.has_aux:
+            ys.update(flatten_view(AUX, aux))
+        return ys
+
+    dense = {p: jnp.zeros((plan.length, *sd.shape), sd.dtype) for p, sd in jax.eval_shape(outputs, state).items()}
     bufs = []
     for i, m in plan.sparse:
         shapes = jax.eval_shape(lambda s: _views(plan.specs, s, (i,)), state)
         bufs.append({p: jnp.zeros((m + 1, *sd.shape), sd.dtype) for p, sd in shapes.items()})
 
-    def body(carry, xs):
-        st, bufs = carry
-        j, slot = xs
+    def body(j, carry):
+        st, dense, bufs = carry
         st, aux = _apply(plan.step, plan.has_aux, plan.keyed, key, k0 + j, st)
         ys = _views(plan.specs, st, plan.dense)
         if plan.has_aux:
             ys.update(flatten_view(AUX, aux))
+        dense = {p: lax.dynamic_update_index_in_dim(b, jnp.asarray(ys[p], b.dtype), j, 0) for p, b in dense.items()}
         new = []
-        for (i, _), buf, s in zip(plan.sparse, bufs, slot):
-            # computed every step, written to slot s (the trash slot when unscheduled): no cond, so
+        for (i, _), buf, slot in zip(plan.sparse, bufs, slots):
+            # computed every step, written to its slot (the trash slot when unscheduled): no cond, so
             # XLA can share work between the view and the step (e.g. LJ pair terms)
             vals = _views(plan.specs, st, (i,))
-            new.append({p: lax.dynamic_update_index_in_dim(buf[p], jnp.asarray(vals[p], buf[p].dtype), s, 0)
+            new.append({p: lax.dynamic_update_index_in_dim(buf[p], jnp.asarray(vals[p], buf[p].dtype), slot[j], 0)
                         for p in buf})
-        return (st, tuple(new)), ys
+        return st, dense, tuple(new)
 
-    xs = (jnp.arange(plan.length, dtype=jnp.int32), tuple(slots))
-    (state, bufs), ys = lax.scan(body, (state, tuple(bufs)), xs)
-    return state, ys, tuple({p: b[:m] for p, b in buf.items()} for (_, m), buf in zip(plan.sparse, bufs))
+    state, dense, bufs = lax.fori_loop(0, n, body, (state, dense, tuple(bufs)))
+    return state, dense, tuple({p: b[:m] for p, b in buf.items()} for (_, m), buf in zip(plan.sparse, bufs))
 
 
 def _views_impl(specs, idx, state):
     return _views(specs, state, idx)
 
 
-def _single_impl(step, has_aux, keyed, state, key, k):
-    return _apply(step, has_aux, keyed, key, k, state)[0]
-
-
 _chunk = jax.jit(_chunk_impl, static_argnums=0)
 _chunk_donate = jax.jit(_chunk_impl, static_argnums=0, donate_argnums=1)
 _views_jit = jax.jit(_views_impl, static_argnums=(0, 1))
-_single = jax.jit(_single_impl, static_argnums=(0, 1, 2))
 
 
 @dataclass
@@ -175,9 +183,9 @@ def _segments(start: int, end: int, chunk: int, windows) -> list[tuple[int, int,
     return out
 
 
-def _slots(schedule, k0: int, length: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+def _slots(schedule, k0: int, length: int, m: int, capacity: int) -> tuple[np.ndarray, np.ndarray]:
     steps = schedule.steps_between(k0 + 1, k0 + length)
-    slot = np.full(length, m, dtype=np.int32)
+    slot = np.full(capacity, m, dtype=np.int32)
     slot[steps - k0 - 1] = np.arange(len(steps), dtype=np.int32)
     return steps, slot
 
@@ -288,15 +296,13 @@ def _run(step, state, steps, specs, invariants, sinks, key, keyed, dt, chunk, pr
     sinkset.open(schema, meta)
 
     bar = _progress(progress, steps)
-    plans: dict[int, _Plan] = {}
-
-    def plan_for(length: int) -> _Plan:
-        if length not in plans:
-            sparse = tuple((i, max(1, specs[i].schedule.max_in_span(length))) for i in sparse_idx)
-            plans[length] = _Plan(step, specs, dense, sparse, bool(has_aux), keyed, length)
-        return plans[length]
-
+    sparse = tuple((i, max(1, specs[i].schedule.max_in_span(chunk))) for i in sparse_idx)
+    plan = _Plan(step, specs, dense, sparse, bool(has_aux), keyed, chunk)  # one program for every chunk
     fn = _chunk_donate if use_donate else _chunk
+    trash = tuple(np.full(chunk, m, dtype=np.int32) for _, m in sparse)
+
+    def one_step(st, k):  # the post-mortem replay: the run's own program, one step (never donating)
+        return _chunk(plan, st, key, np.int32(k), np.int32(1), trash)[0]
     cur = _copy_tree(state) if use_donate else state
     written_step, written_state = start_step, cur if not use_donate else None
     cur_step = start_step
@@ -315,7 +321,7 @@ def _run(step, state, steps, specs, invariants, sinks, key, keyed, dt, chunk, pr
                 timeline.instant("invariants", v.invariant, args={"step": v.step, "record": v.record,
                                                                    "system": -1 if v.system is None else v.system})
         if new[0] is watch.first:
-            pm_state = _replay(watch.first, pend, starts, step, has_aux, keyed, key, postmortem, sinkset)
+            pm_state = _replay(watch.first, pend, starts, one_step, postmortem, sinkset)
         if on_violation == "warn":
             for v in new:
                 warn_violation(v.with_artifacts(sinkset.artifacts) or v, stacklevel=4)
@@ -331,10 +337,9 @@ def _run(step, state, steps, specs, invariants, sinks, key, keyed, dt, chunk, pr
         open_window = None
         stop = False
         for n, (k0, length, win) in enumerate(segs):
-            plan = plan_for(length)
             slot_arrays, sparse_steps = [], []
             for i, m in plan.sparse:
-                st, sl = _slots(specs[i].schedule, k0, length, m)
+                st, sl = _slots(specs[i].schedule, k0, length, m, chunk)
                 sparse_steps.append(st)
                 slot_arrays.append(sl)
             start_state = cur
@@ -344,14 +349,16 @@ def _run(step, state, steps, specs, invariants, sinks, key, keyed, dt, chunk, pr
                     win.begin()
                     open_window = win
                 with win.step(k0):
-                    out = fn(plan, cur, key, np.int32(k0), tuple(slot_arrays))
+                    out = fn(plan, cur, key, np.int32(k0), np.int32(length), tuple(slot_arrays))
                     jax.block_until_ready(out[0])  # the step's device time belongs to its annotation
                 if k0 == win.stop or k0 == end - 1:
                     win.end(block_on=out[0])
                     open_window = None
             else:
-                out = fn(plan, cur, key, np.int32(k0), tuple(slot_arrays))
+                out = fn(plan, cur, key, np.int32(k0), np.int32(length), tuple(slot_arrays))
             cur, cur_step = out[0], k0 + length
+            if length < chunk:  # a short chunk: transfer only its rows
+                out = (cur, {p: v[:length] for p, v in out[1].items()}, out[2])
             _start_copy(out[1:])
             t1 = _now()
             if timeline is not None:
@@ -603,7 +610,7 @@ def _counters(timeline, frames: Frames, t_start, t_end) -> None:
             pass
 
 
-def _replay(violation, pending, starts, step, has_aux, keyed, key, n, sinkset):
+def _replay(violation, pending, starts, one_step, n, sinkset):
     """The post-mortem of ``violation``: replay from the newest kept chunk-start state early enough
     for ``n`` states (the violating chunk's own start, or an earlier one when the violating step
     is fewer than ``n`` steps past it). Returns the state at the violating step."""
@@ -612,10 +619,10 @@ def _replay(violation, pending, starts, step, has_aux, keyed, key, n, sinkset):
     if k0 > need and starts:
         early = [ks for ks in starts if ks[0] <= need]
         k0, chunk_state = early[-1] if early else starts[0]
-    return _postmortem(violation, chunk_state, k0, step, has_aux, keyed, key, n, sinkset)
+    return _postmortem(violation, chunk_state, k0, one_step, n, sinkset)
 
 
-def _postmortem(violation, chunk_state, k0, step, has_aux, keyed, key, n, sinkset):
+def _postmortem(violation, chunk_state, k0, one_step, n, sinkset):
     """Replay from the chunk-start state one step at a time up to the violating step; attach the
     last ``n`` states. Returns the state at the violating step."""
     target = violation.step
@@ -625,7 +632,7 @@ def _postmortem(violation, chunk_state, k0, step, has_aux, keyed, key, n, sinkse
     if k0 in keep:
         snaps[k0] = state_paths(st)
     for k in range(k0, target):
-        st = _single(step, bool(has_aux), keyed, st, key, np.int32(k))
+        st = one_step(st, k)
         if k + 1 in keep:
             snaps[k + 1] = state_paths(st)
     impls = state_key_impls(st)

@@ -446,25 +446,24 @@ def test_compiles_count_the_step_function_once_per_run(tmp_path):
 
     tl = Timeline()
     cold = go(jl.ProfileWindow(7, 8, tmp_path), tl)
-    assert len({ev.args for ev in cold.timings.compile_events}) >= 3  # lengths 5, 1 (window) and 3 (last)
+    # one program for chunks of 5, the window's one-step chunks and the short last chunk
+    assert [ev.function for ev in cold.timings.compile_events] == ["_chunk_impl"]
     cold.timings.assert_compiles(1)
     assert cold.timings.compile_s > 0
     warm = go(jl.ProfileWindow(7, 8, tmp_path))  # the same chunk lengths: all compiled already
     warm.timings.assert_compiles(0)
     assert warm.timings.compile_events == ()
-    # violated: the post-mortem replay compiles the step alone, still the same step function
+    # violated: the post-mortem replay runs the same program one step at a time: nothing new compiles
     with pytest.raises(jl.InvariantViolation) as info:
         jl.run(fresh, STATE_T, 23, record=REC_T, invariants=[jl.bounded("t", hi=9)], chunk=5, progress=False)
-    vrun = info.value.jaxlog_run
-    assert "_single_impl" in {ev.function for ev in vrun.timings.compile_events}
-    vrun.timings.assert_compiles(1)
+    info.value.jaxlog_run.timings.assert_compiles(0)
     # a new state signature is a new compile
     longer = {"x": jnp.zeros(N + 1, jnp.float32), "v": jnp.zeros(N + 1, jnp.float32), "t": jnp.int32(0)}
     jl.run(fresh, longer, 4, chunk=4, progress=False).timings.assert_compiles(1)
     # the run's compilations are on the timeline's "compile" track in the .pftrace
     back = load_trace(tl.write(tmp_path / "run.pftrace"))
     compiles = back.slices(track="compile")
-    assert len(compiles) == len(cold.timings.compile_events) >= 3
+    assert len(compiles) == len(cold.timings.compile_events) == 1
     assert {s.name for s in compiles} == {"_chunk_impl"} and all(s.dur_s > 0 for s in compiles)
 
 
@@ -523,3 +522,23 @@ def test_postmortem_keeps_the_impl_of_typed_keys_in_the_state(tmp_path):
 def test_a_state_leaf_that_is_not_an_array_is_named():
     with pytest.raises(jl.JaxlogError, match=r"state leaf \['name'\] is str 'run1', not an array: jl.run carries"):
         jl.run(lambda s: {"x": s["x"] + 1, "name": s["name"]}, {"x": jnp.ones(2), "name": "run1"}, 3)
+
+
+def test_reductions_in_views_are_bit_identical_for_any_chunk_and_window(tmp_path):
+    """A loop with a compile-time trip count of 1 (chunk=1, a short last chunk, profile-window steps)
+    is simplified by XLA, which changed the last bits of small reductions in views (sum of 8 floats
+    differed at steps 2, 8, 9, 13, 15 with chunk=1). Every chunk runs one program with a runtime
+    trip count, so records are bit-identical for any chunk size and with a window."""
+    def step(x):
+        return x * 1.01
+
+    x0 = jnp.asarray(np.random.default_rng(0).normal(size=(8,)), jnp.float32)
+    rec = {"s": jnp.sum, "m": jl.Record(lambda x: jnp.max(jnp.abs(x)) * jnp.mean(x), every=3)}
+    ref = jl.run(step, x0, 15, record=rec, chunk=15, progress=False)
+    for chunk in (1, 2, 7):
+        other = jl.run(step, x0, 15, record=rec, chunk=chunk, progress=False)
+        _traj_equal(other.trajectory, ref.trajectory)
+        _leaves_equal(other.state, ref.state)
+    win = jl.run(step, x0, 15, record=rec, chunk=15, profile=jl.ProfileWindow(4, 6, tmp_path), progress=False)
+    _traj_equal(win.trajectory, ref.trajectory)
+    win.timings.assert_compiles(0)  # the window's one-step chunks ran the program already compiled
