@@ -46,6 +46,7 @@ import numpy as np
 
 from ._errors import JaxlogError, JaxlogRuntimeWarning
 from ._perfetto import STEP_SLICE
+from ._schedule import check_step
 
 __all__ = ["ProfileWindow", "check_windows", "active_window"]
 
@@ -59,21 +60,13 @@ def active_window() -> "ProfileWindow | None":
     return _active
 
 
-def _check_step(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise JaxlogError(f"ProfileWindow {what} must be an int step, got {value!r}")
-    if value < 0:
-        raise JaxlogError(f"ProfileWindow {what} must be >= 0, got {value}")
-    return int(value)
-
-
 class ProfileWindow:
     """Capture a JAX profiler trace of work steps ``start..stop`` inclusive into ``dir``."""
 
     def __init__(self, start: int, stop: int, dir: str | os.PathLike, *, python_tracer_level: int = 0,
                  host_tracer_level: int = 2, name: str | None = None, create_perfetto_trace: bool = True):
-        self.start = _check_step(start, "start")
-        self.stop = _check_step(stop, "stop")
+        self.start = check_step(start, "ProfileWindow start")
+        self.stop = check_step(stop, "ProfileWindow stop")
         if self.stop < self.start:
             raise JaxlogError(f"ProfileWindow stop ({stop}) is before start ({start})")
         self.dir = Path(dir)

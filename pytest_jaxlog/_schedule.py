@@ -14,7 +14,7 @@ import numpy as np
 from ._errors import JaxlogError
 
 
-def _check_step(value: Any, what: str) -> int:
+def check_step(value: Any, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise JaxlogError(f"{what} must be an integer step, got {value!r}")
     if value < 0:
@@ -59,7 +59,7 @@ class Every(Schedule):
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
             raise JaxlogError(f"every(n) needs an integer n >= 1, got n={n!r}")
         self.n = int(n)
-        self.start = _check_step(start, "every(start=...)")
+        self.start = check_step(start, "every(start=...)")
 
     def steps_between(self, lo: int, hi: int) -> np.ndarray:
         lo = max(lo, self.start)
@@ -92,7 +92,7 @@ class At(Schedule):
             steps = tuple(steps[0])
         if not steps:
             raise JaxlogError("at() needs at least one step")
-        checked = [_check_step(s, "at(...)") for s in steps]
+        checked = [check_step(s, "at(...)") for s in steps]
         self.steps = np.unique(np.asarray(checked, dtype=np.int64))
 
     def steps_between(self, lo: int, hi: int) -> np.ndarray:
@@ -117,8 +117,8 @@ class At(Schedule):
 
 class Window(Schedule):
     def __init__(self, start: int, stop: int, every: int = 1):
-        self.start = _check_step(start, "window(start)")
-        self.stop = _check_step(stop, "window(stop)")
+        self.start = check_step(start, "window(start)")
+        self.stop = check_step(stop, "window(stop)")
         if self.stop < self.start:
             raise JaxlogError(f"window(start={start}, stop={stop}): stop must be >= start")
         self._every = Every(every, start=self.start)

@@ -172,7 +172,7 @@ def test_overlapping_windows_and_bad_input(tmp_path):
         ProfileWindow(5, 4, tmp_path)
     with pytest.raises(JaxlogError, match=">= 0"):
         ProfileWindow(-1, 4, tmp_path)
-    with pytest.raises(JaxlogError, match="int step"):
+    with pytest.raises(JaxlogError, match="ProfileWindow start must be an integer step"):
         ProfileWindow(True, 4, tmp_path)
     with pytest.raises(JaxlogError, match="directory name"):
         ProfileWindow(0, 1, tmp_path, name="a/b")
