@@ -360,7 +360,7 @@ class Checker:
         self._tail: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._state: dict[str, Any] = {}
 
-    # subclasses: mask of violations (n, *leaf_shape) and the per-leaf state update
+    # subclasses: mask of violations (n, *leaf_shape), or None for none, and the per-leaf state update
     def _mask(self, leaf: LeafSpec, steps: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, Any]:
         raise NotImplementedError
 
@@ -392,7 +392,7 @@ class Checker:
             steps, values = batch
             seen.append((leaf, steps, values))
             mask, ctx = self._mask(leaf, steps, values)
-            where = _locate(mask, self.batched)
+            where = None if mask is None else _locate(mask, self.batched)
             if where is not None:
                 f, system, index = where
                 step = int(steps[f])
@@ -442,6 +442,8 @@ class _FiniteChecker(Checker):
         if kind == "float" and np.dtype(leaf.dtype).kind != "f":
             values = values.astype(np.float32)
         with np.errstate(all="ignore"):
+            if np.isfinite(values.sum()):  # one pass and no mask: a NaN or inf anywhere makes it non-finite
+                return None, None
             return ~np.isfinite(values), None
 
     def _describe(self, hit):

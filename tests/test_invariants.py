@@ -484,3 +484,19 @@ def test_from_json_of_a_real_violation():
 def test_public_names_resolve():
     assert jl.finite is finite and jl.InvariantViolation is InvariantViolation and jl.Invariant
     assert issubclass(jl.InvariantViolation, AssertionError)
+
+
+def test_finite_values_whose_sum_overflows_are_not_a_violation():
+    """finite() first sums a batch (one pass, no mask); a sum that overflows on finite values must
+    fall back to the exact check, and a NaN among them is still found at its step."""
+    schema = Schema((LeafSpec("x", "x", (4,), np.dtype(np.float32), every(1)),))
+    checker = jl.finite("x").bind(schema)
+    big = np.full((6, 4), 3e38, dtype=np.float32)
+    frames = Frames()
+    frames.add("x", np.arange(6), big)
+    assert checker.check(frames) is None
+    big[4, 2] = np.nan
+    frames = Frames()
+    frames.add("x", np.arange(6, 12), big)
+    v = checker.check(frames)
+    assert v is not None and v.step == 10 and v.index == (2,)
