@@ -334,6 +334,8 @@ class Timings:
     ``wall_s`` covers the whole run (compilation included), ``steps`` the work steps done,
     ``compiles``/``compile_s``/``compile_events`` the step function's compilations during the run,
     ``window`` the per-step seconds of the profile window read back from the trace (or None).
+    Throughput (``steps_per_s``, ``s_per_step``) leaves compilation out (``run_s``), so a cold and a
+    warm run of the same kernel compare their stepping, not the compiler.
     """
 
     wall_s: float
@@ -344,14 +346,19 @@ class Timings:
     window: np.ndarray | None = None
 
     @property
+    def run_s(self) -> float:
+        """Seconds of the run spent other than compiling the step function."""
+        return max(self.wall_s - self.compile_s, 0.0)
+
+    @property
     def steps_per_s(self) -> float:
-        if self.wall_s <= 0:
+        if self.run_s <= 0:
             return math.inf if self.steps else 0.0
-        return self.steps / self.wall_s
+        return self.steps / self.run_s
 
     @property
     def s_per_step(self) -> float:
-        return self.wall_s / self.steps if self.steps else math.nan
+        return self.run_s / self.steps if self.steps else math.nan
 
     def _compile_list(self, limit: int = 8) -> str:
         if not self.compile_events:

@@ -162,7 +162,7 @@ def test_faster_than_matches_its_definition(w1, w2, n1, n2, ratio):
 def test_timings_json_roundtrip_and_properties():
     t = Timings(wall_s=2.0, steps=10, compiles=1, compile_s=0.5,
                 compile_events=(CompileEvent("jit(step)", ("f32[3]",), 0.5),), window=np.array([0.1, 0.2]))
-    assert t.steps_per_s == 5.0 and t.s_per_step == 0.2
+    assert t.run_s == 1.5 and t.steps_per_s == 10 / 1.5 and t.s_per_step == 0.15  # compilation left out
     back = Timings.from_json(t.to_json())
     assert back.compile_events == t.compile_events
     np.testing.assert_array_equal(back.window, t.window)
@@ -234,3 +234,15 @@ def test_tracking_does_not_flood_users_log_handlers():
     assert "a real warning" in messages
     assert not any(m.startswith("Compiling") for m in messages), messages
     assert logging.getLogger(_COMPILE_LOGGER).propagate is True
+
+
+def test_throughput_leaves_compilation_out():
+    """A cold run (compiling) and a warm one compare their stepping, not the compiler."""
+    from pytest_jaxlog import Timings
+
+    cold = Timings(wall_s=2.0, steps=100, compiles=1, compile_s=1.5)
+    warm = Timings(wall_s=0.5, steps=100)
+    assert cold.run_s == 0.5 and cold.steps_per_s == warm.steps_per_s == 200.0
+    assert cold.s_per_step == warm.s_per_step == 0.005
+    cold.assert_faster_than(warm, 1.0)
+    warm.assert_overhead(cold, at_most=1.0)
