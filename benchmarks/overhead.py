@@ -49,7 +49,6 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
 import pytest_jaxlog as jl  # noqa: E402

@@ -251,8 +251,8 @@ class Timeline:
             packet.timestamp = ts
             packet.trusted_packet_sequence_id = _SEQ_ID
             te = packet.track_event
-            if kind == "B":
-                te.type = pb.TrackEvent.TYPE_SLICE_BEGIN
+            if kind in ("B", "I"):  # a slice begin or an instant: named, on a track, with args
+                te.type = pb.TrackEvent.TYPE_SLICE_BEGIN if kind == "B" else pb.TrackEvent.TYPE_INSTANT
                 te.track_uuid = track_uuid[obj.track]
                 te.name = obj.name
                 for k, v in (obj.args or {}).items():
@@ -260,12 +260,6 @@ class Timeline:
             elif kind == "E":
                 te.type = pb.TrackEvent.TYPE_SLICE_END
                 te.track_uuid = track_uuid[obj]
-            elif kind == "I":
-                te.type = pb.TrackEvent.TYPE_INSTANT
-                te.track_uuid = track_uuid[obj.track]
-                te.name = obj.name
-                for k, v in (obj.args or {}).items():
-                    _annotate(te.debug_annotations.add(), k, v)
             else:
                 name, value = obj
                 te.type = pb.TrackEvent.TYPE_COUNTER

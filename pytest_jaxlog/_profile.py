@@ -40,7 +40,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 

@@ -22,10 +22,7 @@ host work (frames, invariants, sinks) overlaps device work.
 
 from __future__ import annotations
 
-import math
-import sys
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any, Callable
 
 import jax
@@ -54,7 +51,7 @@ class _Plan:
 
     step: Callable
     specs: tuple[RecordSpec, ...]
-    dense: tuple[int, ...]  # spec indices recorded every step (scan outputs)
+    dense: tuple[int, ...]  # spec indices recorded every step (row buffers)
     sparse: tuple[tuple[int, int], ...]  # (spec index, slots per chunk)
     has_aux: bool
     keyed: bool
@@ -508,7 +505,7 @@ def _resolve(step, specs, state, key, has_aux, keyed, batched, dt) -> Schema:
 
 def _as_arrays(state):
     """The state as device arrays; a leaf that cannot be one is an error naming it (jl.run carries
-    the whole state through ``lax.scan``: configuration belongs in the step's closure)."""
+    the whole state through its device loop: configuration belongs in the step's closure)."""
     pairs, treedef = jax.tree_util.tree_flatten_with_path(state)
     out = []
     for kp, leaf in pairs:

@@ -6,7 +6,6 @@ methods that run kernels, so that users can still set ``XLA_FLAGS``/``JAX_*`` in
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re

@@ -20,8 +20,9 @@ class Sink(Protocol):
     def write(self, frames: Frames) -> None:
         """Append a batch. May be asynchronous; raises a pending background error."""
 
-    def attach(self, name: str, step: int, tree: dict[str, np.ndarray]) -> None:
-        """Store a named snapshot (post-mortem state at ``step``) beside the frames."""
+    def attach(self, name: str, step: int, tree: dict[str, np.ndarray], *, key_impls: dict | None = None) -> None:
+        """Store a named snapshot (post-mortem state at ``step``) beside the frames. ``key_impls``:
+        the PRNG impl of each path holding key data (optional: sinks without it get the plain call)."""
 
     def close(self, status: str, *, steps_done: int, violation: dict | None = None) -> None:
         """Flush everything, write the final status, and raise any pending writer error."""

@@ -1,6 +1,6 @@
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, strategies as st
 
 import pytest_jaxlog as jl
 from pytest_jaxlog._records import Record, normalize_records
