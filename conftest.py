@@ -1,8 +1,9 @@
-"""Repo-level pytest setup: the example kernels are importable as ``kernels``, JAX runs on the CPU."""
+"""Repo-level pytest setup: the example kernels are importable as ``kernels``.
 
-import os
+JAX's backend is JAX's default here (the examples and the benchmarks run on a GPU where there is
+one); the repository's own tests pin the CPU in ``tests/conftest.py``."""
+
 import sys
 from pathlib import Path
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, str(Path(__file__).parent / "examples"))

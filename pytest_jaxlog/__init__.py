@@ -6,94 +6,106 @@ import jax, h5py or perfetto: users set ``XLA_FLAGS``/``JAX_*`` in conftest, aft
 PYTEST_DONT_REWRITE
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import TYPE_CHECKING, Any
+import importlib as _importlib
+import typing as _typing
 
 __version__ = "0.1.0"
 
 _EXPORTS = {
     # schedules and records
-    "every": "_schedule",
-    "at": "_schedule",
-    "window": "_schedule",
-    "Schedule": "_schedule",
-    "Record": "_records",
-    "Schema": "_frames",
-    "LeafSpec": "_frames",
-    "Frames": "_frames",
+    "every": "record.schedule",
+    "at": "record.schedule",
+    "window": "record.schedule",
+    "Schedule": "record.schedule",
+    "Record": "record.records",
+    "Schema": "record.frames",
+    "LeafSpec": "record.frames",
+    "Frames": "record.frames",
     # errors
-    "JaxlogError": "_errors",
-    "WriterError": "_errors",
-    "JaxlogRuntimeWarning": "_errors",
+    "JaxlogError": "errors",
+    "WriterError": "errors",
+    "JaxlogRuntimeWarning": "errors",
+    "Terminated": "errors",
+    "JaxlogAssertionError": "errors",
     # drivers and loggers
-    "run": "_run",
-    "Run": "_run",
-    "Recorder": "_recorder",
-    "Logger": "_loggers",
-    "CompositeLogger": "_loggers",
-    "NullLogger": "_loggers",
-    "ProgressLogger": "_loggers",
-    "RingBuffer": "_loggers",
+    "run": "drive.run",
+    "Run": "drive.run",
+    "Recorder": "drive.recorder",
+    "resume": "drive.resume",
+    "Logger": "drive.loggers",
+    "CompositeLogger": "drive.loggers",
+    "NullLogger": "drive.loggers",
+    "ProgressLogger": "drive.loggers",
+    "RingBuffer": "drive.loggers",
+    # logging from inside the kernel
+    "log": "drive.log",
+    "spool": "drive.log",
+    "tap": "drive.log",
+    "LogEvent": "drive.log",
     # sinks and reading
-    "Sink": "_sink",
-    "HDF5Writer": "_hdf5",
-    "MemorySink": "_sinks",
-    "CSVWriter": "_sinks",
-    "CallbackSink": "_sinks",
-    "load": "_trajectory",
-    "Trajectory": "_trajectory",
+    "Sink": "store.sink",
+    "HDF5Writer": "store.hdf5",
+    "MemorySink": "store.sinks",
+    "CSVWriter": "store.sinks",
+    "CallbackSink": "store.sinks",
+    "load": "store.trajectory",
+    "Trajectory": "store.trajectory",
     # invariants
-    "Invariant": "_invariants",
-    "InvariantViolation": "_invariants",
-    "finite": "_invariants",
-    "bounded": "_invariants",
-    "conserved": "_invariants",
-    "monotonic": "_invariants",
-    "invariant": "_invariants",
+    "Invariant": "check.invariants",
+    "InvariantViolation": "check.invariants",
+    "finite": "check.invariants",
+    "bounded": "check.invariants",
+    "conserved": "check.invariants",
+    "monotonic": "check.invariants",
+    "aggregate": "check.invariants",
+    "invariant": "check.invariants",
     # profiling and timings
-    "ProfileWindow": "_profile",
-    "Timeline": "_perfetto",
-    "CompileTracker": "_timings",
-    "Timings": "_timings",
-    "Trace": "_trace",
-    "load_trace": "_trace",
+    "ProfileWindow": "profiling.window",
+    "Timeline": "profiling.timeline",
+    "CompileTracker": "profiling.timings",
+    "Timings": "profiling.timings",
+    "TimingAssertionError": "profiling.timings",
+    "Trace": "profiling.trace",
+    "load_trace": "profiling.trace",
     # golden trajectories
-    "assert_trajectory_close": "_golden",
+    "assert_trajectory_close": "golden",
+    "TrajectoryMismatch": "golden",
 }
 
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'pytest_jaxlog' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    value = getattr(_importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+    return [*__all__, "__version__"]
 
 
-if TYPE_CHECKING:  # static re-exports for type checkers and IDEs
-    from ._errors import JaxlogError, JaxlogRuntimeWarning, WriterError
-    from ._frames import Frames, LeafSpec, Schema
-    from ._golden import assert_trajectory_close
-    from ._hdf5 import HDF5Writer
-    from ._invariants import Invariant, InvariantViolation, bounded, conserved, finite, invariant, monotonic
-    from ._loggers import CompositeLogger, Logger, NullLogger, ProgressLogger, RingBuffer
-    from ._perfetto import Timeline
-    from ._profile import ProfileWindow
-    from ._recorder import Recorder
-    from ._records import Record
-    from ._run import Run, run
-    from ._schedule import Schedule, at, every, window
-    from ._sink import Sink
-    from ._sinks import CSVWriter, CallbackSink, MemorySink
-    from ._timings import CompileTracker, Timings
-    from ._trace import Trace, load_trace
-    from ._trajectory import Trajectory, load
+if _typing.TYPE_CHECKING:  # static re-exports for type checkers and IDEs
+    from .errors import JaxlogAssertionError, JaxlogError, JaxlogRuntimeWarning, Terminated, WriterError
+    from .record.frames import Frames, LeafSpec, Schema
+    from .golden import TrajectoryMismatch, assert_trajectory_close
+    from .store.hdf5 import HDF5Writer
+    from .check.invariants import (Invariant, InvariantViolation, aggregate, bounded, conserved, finite, invariant,
+                                   monotonic)
+    from .drive.log import LogEvent, log, spool, tap
+    from .drive.loggers import CompositeLogger, Logger, NullLogger, ProgressLogger, RingBuffer
+    from .profiling.timeline import Timeline
+    from .profiling.window import ProfileWindow
+    from .drive.recorder import Recorder
+    from .drive.resume import resume
+    from .record.records import Record
+    from .drive.run import Run, run
+    from .record.schedule import Schedule, at, every, window
+    from .store.sink import Sink
+    from .store.sinks import CSVWriter, CallbackSink, MemorySink
+    from .profiling.timings import CompileTracker, TimingAssertionError, Timings
+    from .profiling.trace import Trace, load_trace
+    from .store.trajectory import Trajectory, load

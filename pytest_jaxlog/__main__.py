@@ -7,7 +7,7 @@ from typing import Sequence
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from ._cli import main as cli_main
+    from .cli import main as cli_main
 
     return cli_main(argv)
 

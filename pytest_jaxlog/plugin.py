@@ -1,6 +1,6 @@
 """pytest plugin ``jaxlog``: options, marker, the ``jaxlog``/``jaxlog_factory`` fixtures, artifacts, reports.
 
-Thin on purpose: the work is in ``_session.py``. Loading this module imports no jax, h5py or
+Thin on purpose: the work is in ``harness/``. Loading this module imports no jax, h5py or
 perfetto, so a user's conftest can still set ``XLA_FLAGS``/``JAX_*`` before jax starts.
 """
 
@@ -10,16 +10,12 @@ from typing import Any, Iterator
 
 import pytest
 
-from ._errors import JaxlogError
-from ._session import (
-    REPORTS_KEY,
-    SESSION_KEY,
-    JaxlogFactory,
-    JaxlogFixture,
-    JaxlogSession,
-    add_options,
-    marker_settings,
-)
+from .errors import JaxlogError
+from .harness.devices import ChildReports, DevicesPlugin, child_spec
+from .harness.factory import JaxlogFactory
+from .harness.fixture import JaxlogFixture
+from .harness.options import add_options, marker_settings
+from .harness.session import REPORTS_KEY, SESSION_KEY, JaxlogSession
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -31,10 +27,17 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "jaxlog(profile=(start, stop), keep='failed|all|none', on_violation='raise|warn|record', chunk=N, "
-        "progress='auto|on|off'): per-test settings of the jaxlog fixture",
+        "progress='auto|on|off', devices=N): per-test settings of the jaxlog fixture; devices=N runs the test "
+        "under N host CPU devices (in a child pytest when this process's jax has another count)",
     )
     session = config.stash[SESSION_KEY] = JaxlogSession(config)
     config.pluginmanager.register(_Collector(session), "jaxlog-collector")
+    config.pluginmanager.register(DevicesPlugin(session), "jaxlog-devices")
+    child = child_spec()
+    if child is not None:
+        config.pluginmanager.register(ChildReports(config, child), "jaxlog-child-reports")
+    session.catch_sigterm()
+    session.use_compile_cache()  # conftests have run: JAX is configured (through its variables if not imported)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -49,7 +52,10 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     s = config.stash.get(SESSION_KEY, None)
     if s is None or s.worker is not None:
         return None
-    return f"jaxlog: dir={s.display(s.base)} keep={s.settings.keep} golden_dir={s.display(s.golden_dir)}"
+    flags = "".join(f" {f}" for f, on in (("regen", s.regen), ("create_goldens", s.create_goldens)) if on)
+    if s.compile_cache is not None:
+        flags += f" compile_cache={s.display(s.compile_cache)}"
+    return f"jaxlog: dir={s.display(s.base)} keep={s.settings.keep} golden_dir={s.display(s.golden_dir)}{flags}"
 
 
 @pytest.hookimpl(wrapper=True)
@@ -58,6 +64,9 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: Any) -> Iterator[Any]:
     session.current_item = item
     try:
         return (yield)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: pytest makes no report; the manifest still lists the test
+        session.interrupted_item(item)
+        raise
     finally:
         session.current_item = None
 
@@ -105,6 +114,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.fail(error, pytrace=False)  # outside the except: no "During handling ..." repeat of the message
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    s = session.config.stash.get(SESSION_KEY, None)
+    if s is not None:
+        s.start()  # directories left by earlier sessions: removed or listed as stale, per --jaxlog-keep
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     s = session.config.stash.get(SESSION_KEY, None)
     if s is not None:
@@ -118,9 +133,14 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    collector = config.pluginmanager.get_plugin("jaxlog-collector")
-    if collector is not None:
-        config.pluginmanager.unregister(collector)
+    session = config.stash.get(SESSION_KEY, None)
+    if session is not None:
+        session.release_sigterm()
+        session.release_compile_cache()
+    for name in ("jaxlog-collector", "jaxlog-devices", "jaxlog-child-reports"):
+        registered = config.pluginmanager.get_plugin(name)
+        if registered is not None:
+            config.pluginmanager.unregister(registered)
 
 
 @pytest.fixture

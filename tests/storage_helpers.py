@@ -5,8 +5,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from pytest_jaxlog._frames import Frames, LeafSpec, Schema
-from pytest_jaxlog._schedule import every
+from pytest_jaxlog.record.frames import Frames, LeafSpec, Schema
+from pytest_jaxlog.record.schedule import every
 
 DTYPES = [
     np.dtype(np.bool_),

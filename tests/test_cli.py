@@ -53,7 +53,7 @@ def files(tmp_path_factory):
     (d / "junk.h5").write_text("not hdf5")
     (d / "empty.pftrace").write_bytes(b"")
 
-    from pytest_jaxlog._perfetto import Timeline
+    from pytest_jaxlog.profiling.timeline import Timeline
 
     tl = Timeline()
     t = 1_000_000
@@ -187,3 +187,37 @@ def test_plot_without_matplotlib(files, tmp_path):
         "[jaxlog] plot needs matplotlib, which is not installed: pip install 'pytest-jaxlog[plot]'"
     )
     assert not (tmp_path / "p.png").exists()
+
+
+def test_damaged_or_hostile_files_exit_2_without_a_traceback(files, tmp_path):
+    """diff exits 1 only when two valid trajectories differ: a broken file is bad input (2)."""
+    import h5py
+
+    good = files / "a.h5"
+    data = good.read_bytes()
+    (tmp_path / "truncated.h5").write_bytes(data[: len(data) // 2])
+    flipped = bytearray(data)
+    with h5py.File(good, "r") as f:
+        found = []
+        f["observables/energy/value"].id.chunk_iter(found.append)
+    flipped[found[0].byte_offset + 2] ^= 0x01  # one bit of the energies: caught by the chunk checksum
+    (tmp_path / "flipped.h5").write_bytes(bytes(flipped))
+    (tmp_path / "attach.h5").write_bytes((files / "violated.h5").read_bytes())
+    with h5py.File(tmp_path / "attach.h5", "r+") as f:
+        g = f["jaxlog/attachments/postmortem/0"]
+        name = next(iter(g["state"]))
+        del g["state"][name]
+        g["state"].create_dataset(name, shape=(6,), dtype="u1", external=[("/etc/passwd", 0, 6)])
+    cases = [
+        (("info", tmp_path / "truncated.h5"), "truncated.h5: cannot open the trajectory file"),
+        (("diff", tmp_path / "truncated.h5", good), "truncated.h5: cannot open the trajectory file"),
+        (("diff", good, tmp_path / "flipped.h5"), "reading record 'energy' (value) failed: the file is damaged"),
+        (("plot", tmp_path / "flipped.h5", "-o", tmp_path / "p.png"), "the file is damaged"),
+        (("info", tmp_path / "attach.h5"), "keeps its data in external file '/etc/passwd'"),
+    ]
+    for args, message in cases:
+        r = cli(*args)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert r.stderr.startswith("[jaxlog] ") and message in r.stderr, (args, r.stderr)
+    assert cli("info", tmp_path / "flipped.h5").returncode == 0  # info reads steps, not the values

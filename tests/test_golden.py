@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import pytest_jaxlog as jl
-from pytest_jaxlog._frames import Frames, LeafSpec, Schema
-from pytest_jaxlog._golden import check_golden, diff_trajectories, golden_name
-from pytest_jaxlog._sinks import MemorySink
+from pytest_jaxlog import Frames, LeafSpec, Schema
+from pytest_jaxlog.golden import check_golden, diff_trajectories, golden_name
+from pytest_jaxlog import MemorySink
 
 PROV = {"backend": "cpu", "x64": False, "device_kind": "cpu", "jax": "test"}
 
@@ -354,10 +354,87 @@ def test_comparison_options_declared_once(tmp_path):
     jl.assert_trajectory_close(a, e, 0.1)
     with pytest.raises(AssertionError, match="(?s)rtol=0.001.*HINT"):
         jl.assert_trajectory_close(a, e, 1e-3, hint="HINT")
-    with pytest.raises(TypeError, match="rtoll"):
+    with pytest.raises(jl.JaxlogError, match=r"check_golden: unknown option 'rtoll'; the options are rtol, atol, "
+                                             r"records, steps, equal_nan"):
         check_golden(a, tmp_path / "g.h5", regen=True, rtoll=1e-3)
     with pytest.raises(jl.JaxlogError, match="record 'w' is not recorded"):  # a misspelt record too
         check_golden(a, tmp_path / "g.h5", regen=True, records=["w"])
     assert not (tmp_path / "g.h5").exists()
     assert check_golden(a, tmp_path / "g.h5", regen=True, rtol=0) == "regenerated"
     assert check_golden(a, tmp_path / "g.h5", regen=False, rtol=0, records="v", steps=[0, 1]) == "ok"
+
+
+def test_check_golden_passes_every_option_through(tmp_path):
+    """Each option of assert_trajectory_close changes check_golden's outcome the same way."""
+    import inspect
+
+    from pytest_jaxlog.golden import COMPARISON_OPTIONS
+
+    shared = [n for n in inspect.signature(jl.assert_trajectory_close).parameters if n not in ("actual", "expected", "hint")]
+    golden_sig = inspect.signature(check_golden).parameters
+    assert shared == list(COMPARISON_OPTIONS) == ["rtol", "atol", "records", "steps", "equal_nan"]
+    assert all(golden_sig[n].kind is inspect.Parameter.KEYWORD_ONLY for n in shared)
+    assert all(golden_sig[n].default == inspect.signature(jl.assert_trajectory_close).parameters[n].default for n in shared)
+
+    golden = tmp_path / "g.h5"
+    base = {"e": ([0, 1, 2, 3], [1.0, 2.0, np.nan, 4.0]), "other/x": ([0, 2], [0.0, 0.0])}
+    check_golden(make_traj(base), golden, regen=True)
+    cases = {  # option: (obtained trajectory, option value that makes it pass)
+        "rtol": ({"e": ([0, 1, 2, 3], [1.0, 2.0, np.nan, 4.004])}, 1e-3),
+        "atol": ({"e": ([0, 1, 2, 3], [1.0, 2.0, np.nan, 4.004])}, 5e-3),
+        "records": ({"other/x": ([0, 2], [0.0, 1.0])}, ["e"]),
+        "steps": ({"e": ([0, 1, 2, 3], [1.0, 2.0, np.nan, 9.0])}, slice(0, 3)),
+    }
+    for option, (change, value) in cases.items():
+        changed = make_traj({**base, **change})
+        with pytest.raises(jl.TrajectoryMismatch):
+            check_golden(changed, golden, regen=False)
+        assert check_golden(changed, golden, regen=False, **{option: value}) == "ok", option
+    assert check_golden(make_traj(base), golden, regen=False) == "ok"
+    assert check_golden(make_traj({**base, **cases["records"][0]}), golden, regen=False, records=("e",)) == "ok"
+    with pytest.raises(jl.TrajectoryMismatch, match="first differs at step 2: obtained nan, expected nan"):
+        check_golden(make_traj(base), golden, regen=False, equal_nan=False)
+
+
+def test_comparison_failures_are_trajectory_mismatches(tmp_path):
+    from pytest_jaxlog import JaxlogAssertionError
+
+    a, e = make_traj({"v": ([0, 1], [1.0, 2.0])}), make_traj({"v": ([0, 1], [1.0, 2.5])})
+    with pytest.raises(jl.TrajectoryMismatch) as info:
+        jl.assert_trajectory_close(a, e)
+    err = info.value
+    assert isinstance(err, jl.JaxlogError) and isinstance(err, AssertionError) and isinstance(err, JaxlogAssertionError)
+    assert str(err).startswith("[jaxlog] trajectories differ: record 'v' first differs at step 1")
+    assert err.diff.first.step == 1 and not err.diff.ok
+    with pytest.raises(jl.TrajectoryMismatch, match=r"golden trajectory .*missing.h5 does not exist; run pytest with "
+                                                    r"--jaxlog-regen to create") as info:
+        check_golden(a, tmp_path / "missing.h5", regen=False)
+    assert info.value.diff is None and isinstance(info.value, AssertionError)
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda a: jl.assert_trajectory_close(a, a, rtol="1e-3"), r"rtol must be a real number, got '1e-3'"),
+        (lambda a: jl.assert_trajectory_close(a, a, atol=-1.0), r"atol must be finite and >= 0, got -1.0"),
+        (lambda a: jl.assert_trajectory_close(a, a, equal_nan="no"), r"equal_nan must be True or False, got 'no'"),
+        (lambda a: jl.assert_trajectory_close(a, a, records=3), r"records= takes a record name or a list"),
+        (lambda a: jl.assert_trajectory_close(a, a, steps=[1.5]), r"steps= takes a slice, a range, step numbers"),
+        (lambda a: jl.assert_trajectory_close(a, a, steps=-2), r"steps= must be >= 0, got -2"),
+        (lambda a: jl.assert_trajectory_close(a, a, steps=[0, -2]), r"each step number must be >= 0, got -2"),
+        (lambda a: jl.assert_trajectory_close(a, a, steps=slice(0, 5, 0)), r"positive stride"),
+        (lambda a: jl.assert_trajectory_close(a, a, steps=slice("a", 5)), r"slice\(start, ...\) must be an integer step"),
+        (lambda a: jl.assert_trajectory_close(a, a, 1e-7, 0.0, None, None, True, 5), r"at most 5 comparison options"),
+        (lambda a: jl.assert_trajectory_close(a, a, 1e-7, rtol=1e-3), r"option 'rtol' given twice"),
+        (lambda a: jl.assert_trajectory_close(a, a, tol=1e-3), r"unknown option 'tol'"),
+        (lambda a: jl.assert_trajectory_close(a, 42), r"cannot compare a int"),
+        (lambda a: check_golden(a, 42, regen=False), r"golden path must be a str or a path, got 42"),
+        (lambda a: check_golden(a, "g.h5", regen="yes"), r"regen=...\) must be True or False"),
+        (lambda a: check_golden(a, "g.h5", regen=True, steps=[1.5]), r"steps= takes"),
+    ],
+)
+def test_user_mistakes_are_jaxlog_errors_not_builtin_ones(call, match):
+    a = make_traj({"v": ([0, 1], [1.0, 2.0])})
+    with pytest.raises(jl.JaxlogError, match=match) as info:
+        call(a)
+    assert not isinstance(info.value, AssertionError)

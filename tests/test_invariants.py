@@ -14,21 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pytest_jaxlog as jl
-from pytest_jaxlog._errors import JaxlogError, JaxlogRuntimeWarning
-from pytest_jaxlog._frames import Frames, LeafSpec, Schema
-from pytest_jaxlog._invariants import (
-    InvariantViolation,
-    bind_all,
-    bounded,
-    check_all,
-    check_on_violation,
-    conserved,
-    finite,
-    invariant,
-    monotonic,
-    warn_violation,
-)
-from pytest_jaxlog._schedule import every
+from pytest_jaxlog import JaxlogError, JaxlogRuntimeWarning
+from pytest_jaxlog import Frames, LeafSpec, Schema
+from pytest_jaxlog import InvariantViolation, bounded, conserved, finite, invariant, monotonic
+from pytest_jaxlog.check.invariants import bind_all, check_all, check_on_violation, warn_violation
+from pytest_jaxlog import every
 
 
 def leaf(path, shape=(), dtype="float64", record=None, key_impl=None, schedule=None):
@@ -386,8 +376,11 @@ def test_invariants_that_cannot_apply_are_errors_naming_the_record():
     [
         (lambda: bounded("x"), "needs lo=, hi= or both"),
         (lambda: bounded("x", lo=2, hi=1), "greater than"),
-        (lambda: conserved("x", rtol=-1), "rtol and atol"),
-        (lambda: conserved("x", atol=float("nan")), "rtol and atol"),
+        (lambda: conserved("x", rtol=-1), r"conserved\(x\): rtol must be finite and >= 0, got -1"),
+        (lambda: conserved("x", atol=float("nan")), r"conserved\(x\): atol must be finite and >= 0, got nan"),
+        (lambda: bounded("x", hi=1, atol=-1e-6), r"bounded\(x\): atol must be finite and >= 0"),
+        (lambda: bounded("x", lo="0"), r"bounded\(x\): lo must be a real number"),
+        (lambda: monotonic("x", strict="yes"), r"monotonic\(x\): strict must be True or False"),
         (lambda: conserved("x", rtol="0.1"), "real number"),
         (lambda: finite(3), "record name"),
         (lambda: invariant("n", 3, "x"), "callable"),
@@ -500,3 +493,171 @@ def test_finite_values_whose_sum_overflows_are_not_a_violation():
     frames.add("x", np.arange(6, 12), big)
     v = checker.check(frames)
     assert v is not None and v.step == 10 and v.index == (2,)
+
+
+# --------------------------------------------------------------------------- error family, wording
+
+
+def test_violation_is_a_jaxlog_assertion_error():
+    from pytest_jaxlog import JaxlogAssertionError
+
+    v = InvariantViolation("finite()", record="x", step=3, value=float("nan"), expected="finite")
+    assert isinstance(v, jl.JaxlogError) and isinstance(v, AssertionError) and isinstance(v, JaxlogAssertionError)
+    assert str(v).startswith("[jaxlog] invariant finite() violated at step 3 in x: value nan, expected finite")
+    with pytest.raises(jl.JaxlogError):
+        raise v
+
+
+def test_an_invariant_on_a_record_group_names_the_leaf_and_the_group():
+    schema = Schema((leaf("energy/kinetic"), leaf("energy/total")))
+    c = conserved("energy", atol=0.1).bind(schema)
+    assert [l.path for l in c.leaves] == ["energy/kinetic", "energy/total"]
+    v = c.check(frames(energy__kinetic=([0, 1, 2], [1.0, 1.05, 1.0]), energy__total=([0, 1, 2], [5.0, 5.0, 5.5])))
+    assert (v.record, v.group, v.step) == ("energy/total", "energy", 2)
+    assert str(v).splitlines()[0] == (
+        "[jaxlog] invariant conserved(energy, atol=0.1) violated at step 2 in energy/total (leaf of record group "
+        "energy): value 5.5, expected 5 ± 0.1 (relative drift 0.1)"
+    )
+    back = InvariantViolation.from_json(json.loads(json.dumps(v.to_json(), allow_nan=False)))
+    assert str(back) == str(v) and back.group == "energy"
+
+
+@pytest.mark.parametrize(
+    "inv, names_leaf",
+    [
+        (lambda: finite("x"), False),  # the name says x already
+        (lambda: finite(), True),  # every record: say which
+        (lambda: bounded("x", hi=0.5), False),
+        (lambda: monotonic("x", increasing=False), False),
+        (lambda: invariant("small", lambda x: x < 0.5, "x"), True),  # a user's name says nothing about x
+    ],
+)
+def test_each_invariant_says_whether_its_message_names_the_record(inv, names_leaf):
+    schema = Schema((leaf("x"),))
+    v = inv().bind(schema).check(frames(x=([0, 1, 2], [0.0, 1.0, np.nan])))
+    head = str(v).splitlines()[0]
+    assert (" in x:" in head) is names_leaf, head
+    assert InvariantViolation.from_json(v.to_json()).to_json() == v.to_json()
+
+
+def test_violation_json_from_an_older_file_keeps_its_wording():
+    """Files written before ``name_leaf`` was stored: the message keeps naming (or not) the leaf."""
+    old = {"invariant": "conserved(energy, rtol=0.001)", "record": "energy", "step": 5, "system": None, "index": None,
+           "value": 2.0, "expected": 1.0, "tolerance": 0.001, "detail": "relative drift 1", "recent": [],
+           "artifacts": {}, "message": "[jaxlog] invariant conserved(energy, rtol=0.001) violated at step 5: value 2, ..."}
+    assert " in energy" not in str(InvariantViolation.from_json(old))
+    old["message"] = "[jaxlog] invariant x violated at step 5 in energy: ..."
+    assert "at step 5 in energy: value 2" in str(InvariantViolation.from_json(old))
+
+
+def test_bounded_atol_absorbs_float32_rounding_at_a_bound():
+    schema = Schema((leaf("p", (3,), dtype="float32"),), batched=True)
+    p = np.array([[0.5, 1 + 1.2e-7, 0.0]], np.float32)  # blackjax's acceptance probability
+    assert p[0, 1] > 1
+    assert bounded("p", 0, 1).bind(schema).check(frames(p=([0], p))).system == 1
+    c = bounded("p", 0, 1, atol=1e-6).bind(schema)
+    assert c.invariant.name == "bounded(p, lo=0, hi=1, atol=1e-06)"
+    assert c.check(frames(p=([0], p))) is None
+    worse = np.array([[0.5, 1.0, -3e-6]], np.float32)
+    v = c.check(frames(p=([1], worse)))
+    assert (v.step, v.system) == (1, 2)
+    assert str(v).splitlines()[0] == (
+        "[jaxlog] invariant bounded(p, lo=0, hi=1, atol=1e-06) violated at step 1 (system 2): value -3e-06, "
+        "expected in [0, 1] ± 1e-06 (below the lower bound by 3e-06)"
+    )
+    assert bounded("p", lo=0.0, hi=1.0, atol=1e-6).name == "bounded(p, lo=0.0, hi=1.0, atol=1e-06)"
+
+
+# --------------------------------------------------------------------------- running state (checkpoints)
+
+
+STATEFUL = {
+    "finite": lambda: finite(),
+    "bounded": lambda: bounded("x", lo=0.5, hi=4.0, atol=0.25),
+    "conserved": lambda: conserved("x", atol=2.0),
+    "monotonic": lambda: monotonic("x"),
+    "strictly decreasing": lambda: monotonic("x", increasing=False, strict=True),
+    "predicate": lambda: invariant("below 5", lambda x: x < 5, "x"),
+    "aggregate mean": lambda: jl.aggregate("x", "mean", lo=1.5, hi=3.0, steps=jl.window(6, 40)),
+    "aggregate std": lambda: jl.aggregate("x", np.std, hi=1.2, steps=jl.every(2, start=4)),
+    "aggregate max, whole run": lambda: jl.aggregate("x", "max", hi=4.5),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(STATEFUL))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_state_round_trip_continues_exactly(kind, data):
+    """Checking in one go and checking with a save/restore (through strict JSON) in between give the
+    same violations, recent values and messages, at any batch split and restore point."""
+    n = data.draw(st.integers(4, 30), label="frames")
+    batched = data.draw(st.booleans(), label="batched")
+    shape = (3,) if batched else ()
+    values = data.draw(st.lists(st.sampled_from([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, np.nan]),
+                                min_size=n * (3 if batched else 1), max_size=n * (3 if batched else 1)))
+    values = np.asarray(values).reshape((n, *shape))
+    steps = np.arange(n, dtype=np.int64) * 2
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, n - 1), max_size=4), label="batch cuts")))
+    edges = [0, *cuts, n]
+    restore_at = data.draw(st.integers(1, len(edges) - 1), label="restore after batch")
+    schema = Schema((leaf("x", shape, schedule=jl.every(2)),), batched=batched)
+
+    def batches():
+        for lo, hi in zip(edges[:-1], edges[1:]):
+            yield frames(x=(steps[lo:hi], values[lo:hi]))
+
+    def collect(checker, fs):
+        return [v.to_json() for v in (checker.check(f) for f in fs) if v is not None]
+
+    whole = STATEFUL[kind]().bind(schema)
+    expected = collect(whole, batches())
+    end = whole.finish()
+    expected += [] if end is None else [end.to_json()]
+
+    first = STATEFUL[kind]().bind(schema)
+    parts = list(batches())
+    got = collect(first, parts[:restore_at])
+    saved = json.loads(json.dumps(first.state(), allow_nan=False))
+    second = STATEFUL[kind]().bind(schema).restore(saved)
+    got += collect(second, parts[restore_at:])
+    end = second.finish()
+    got += [] if end is None else [end.to_json()]
+    assert got == expected
+
+
+def test_state_holds_what_each_invariant_carries_between_batches():
+    schema = Schema((leaf("e", (2,)),), batched=True)
+    f = frames(e=([0, 5, 10], np.array([[1.0, -2.0], [1.5, -1.0], [2.5, 0.0]])))
+    c = conserved("e", atol=10).bind(schema)
+    c.check(f)
+    assert c.state()["leaves"] == {"e": {"ref": [1.0, -2.0]}}
+    m = monotonic("e").bind(schema)
+    m.check(f)
+    assert m.state()["leaves"] == {"e": {"step": 10, "value": [2.5, 0.0]}}
+    a = jl.aggregate("e", "mean", lo=-10, steps=jl.window(5, 20)).bind(schema)
+    a.check(f)
+    st_ = a.state()
+    assert st_["leaves"]["e"] == {"n": 2, "first": 5, "last": 10, "seen": 10, "done": False, "sum": [4.0, -1.0]}
+    assert st_["recent"]["e"]["steps"] == [0, 5, 10]
+    assert finite().bind(schema).state()["leaves"] == {}
+
+
+def test_restore_refuses_another_invariants_state():
+    schema = Schema((leaf("a"), leaf("b")))
+    saved = conserved("a", atol=1).bind(schema).state()
+    with pytest.raises(JaxlogError, match=r"invariant conserved\(b, atol=1\): the saved state is of invariant "
+                                          r"conserved\(a, atol=1\)"):
+        conserved("b", atol=1).bind(schema).restore(saved)
+    c = conserved("a", atol=1).bind(schema)
+    c.check(frames(a=([0], [1.0])))
+    other = Schema((leaf("a/x"),))
+    with pytest.raises(JaxlogError, match=r"holds records a, which this run does not check \(it checks a/x\)"):
+        conserved("a", atol=1).bind(other).restore(c.state())
+    with pytest.raises(JaxlogError, match="not a checker state"):
+        c.restore({"leaves": {}})
+    from pytest_jaxlog.check.invariants import restore_all, save_all
+
+    checkers = bind_all([finite(), conserved("a", atol=1)], schema)
+    with pytest.raises(JaxlogError, match="holds 1 invariants, this run checks 2"):
+        restore_all(checkers, save_all(checkers[:1]))
+    restore_all(checkers, save_all(checkers))

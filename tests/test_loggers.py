@@ -120,3 +120,32 @@ def test_ring_buffer_survives_donation():
         ring.log(x, k)
         x = f(x)
     assert [s.tolist() for s in ring.states] == [[1.0] * 3, [2.0] * 3]
+
+
+@pytest.mark.parametrize("labels", [range(10), range(11), range(0, 10, 3)])
+def test_a_loop_that_ends_shows_n_of_n_whatever_its_labels(labels):
+    out = io.StringIO()
+    with jl.ProgressLogger(10, enabled=True, file=out, mininterval=0) as p:
+        for k in labels:
+            p.log(None, k)
+    assert "10/10" in out.getvalue()
+    out = io.StringIO()
+    with pytest.raises(RuntimeError):
+        with jl.ProgressLogger(10, enabled=True, file=out, mininterval=0) as p:
+            p.log(None, 4)
+            raise RuntimeError("broke")
+    assert "10/10" not in out.getvalue() and "4/10" in out.getvalue()
+
+
+def test_run_progress_shows_the_latest_recorded_scalars_and_ends_at_n_of_n():
+    out = io.StringIO()
+    bar = jl.ProgressLogger(40, enabled=True, file=out, mininterval=0)
+    jl.run(lambda s: s + 1.0, jnp.zeros(()), 40, record={"s": lambda s: s, "v": lambda s: jnp.zeros(3)}, chunk=7,
+           progress=bar)
+    text = out.getvalue()
+    assert "40/40" in text and "s=40" in text and "v=" not in text  # v is not a scalar
+    out = io.StringIO()
+    bar = jl.ProgressLogger(40, postfix=["s"], enabled=True, file=out, mininterval=0)
+    run = jl.run(lambda s: s + 1.0, jnp.zeros(()), 40, record={"s": lambda s: s}, chunk=7, progress=bar,
+                 until=lambda s: s >= 12)
+    assert run.steps_done == 12 and "12/12" in out.getvalue() and "s=12" in out.getvalue()

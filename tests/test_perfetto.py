@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from pytest_jaxlog._perfetto import Timeline, now_ns
-from pytest_jaxlog._trace import load_trace
+from pytest_jaxlog import Timeline
+from pytest_jaxlog.profiling.timeline import now_ns
+from pytest_jaxlog import load_trace
 
 
 def _parse(path):

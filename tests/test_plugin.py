@@ -5,14 +5,23 @@ report sections, JUnit properties, xdist and hypothesis. These tests write files
 from __future__ import annotations
 
 import json
+import os
 import sys
 import xml.etree.ElementTree as ET
 
 import pytest
 
-import pytest_jaxlog._golden  # noqa: F401  (numpy: imported before pytester's in-process runs snapshot sys.modules)
+import pytest_jaxlog.golden  # noqa: F401  (numpy: imported before pytester's in-process runs snapshot sys.modules)
+from pytest_jaxlog.harness.options import OPTIONS
 
 pytest_plugins = ["pytester"]
+
+
+@pytest.fixture(autouse=True)
+def _no_jaxlog_env(monkeypatch):
+    """The inner sessions see the plugin's defaults, whatever JAXLOG_* the outer one has (CI sets JAXLOG_KEEP)."""
+    for name in [k for k in os.environ if k.startswith("JAXLOG_")]:
+        monkeypatch.delenv(name)
 
 WRITE_FILE = """
 import pytest
@@ -30,12 +39,15 @@ def artifact(jaxlog):
 def test_plugin_loads_without_heavy_imports():
     import subprocess
 
-    code = "import sys, pytest_jaxlog.plugin; print([m for m in ('jax','h5py','perfetto') if m in sys.modules])"
+    modules = ["pytest_jaxlog.plugin"] + [f"pytest_jaxlog.harness.{m}" for m in
+                                          ("options", "session", "fixture", "goldens", "factory", "disabled")]
+    code = (f"import sys, {', '.join(modules)}; "
+            "print([m for m in ('jax', 'numpy', 'h5py', 'perfetto') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 
-def test_help_shows_options_with_defaults(pytester):
+def test_help_shows_options_with_defaults_and_env_vars(pytester):
     result = pytester.runpytest("--help")
     result.stdout.fnmatch_lines(
         [
@@ -47,15 +59,25 @@ def test_help_shows_options_with_defaults(pytester):
             "*--jaxlog-on-violation={raise,warn}*",
             "*--jaxlog-progress={auto,on,off}*",
             "*--jaxlog-chunk=N*",
+            "*--jaxlog-compile-cache=DIR*",
             "*--jaxlog-regen*",
+            "*--jaxlog-create-goldens*",
         ]
     )
     text = result.stdout.str()
     for ini in ("jaxlog_dir", "jaxlog_keep", "jaxlog_profile", "jaxlog_on_violation", "jaxlog_progress",
-                "jaxlog_chunk", "jaxlog_golden_dir"):
+                "jaxlog_chunk", "jaxlog_compile_cache", "jaxlog_golden_dir"):
         assert f"{ini} (string)" in text
+    assert "jaxlog_create_goldens (bool)" in text
     assert "default: failed" in text and "default: raise" in text and "default: auto" in text
     assert "fixtures/golden" in text
+    # every option names its environment variable (options section and ini section)
+    flat = " ".join(text.split())
+    for opt in OPTIONS.values():
+        assert opt.flag_name in flat and f"env: {opt.env}" in flat, opt.key
+    assert {o.env for o in OPTIONS.values()} == {
+        "JAXLOG_DIR", "JAXLOG_KEEP", "JAXLOG_PROFILE", "JAXLOG_ON_VIOLATION", "JAXLOG_PROGRESS", "JAXLOG_CHUNK",
+        "JAXLOG_COMPILE_CACHE", "JAXLOG_REGEN", "JAXLOG_CREATE_GOLDENS"}
 
 
 def test_marker_registered(pytester):
@@ -181,17 +203,79 @@ def test_marker_validation(pytester):
     assert "During handling of the above exception" not in result.stdout.str()
 
 
-def test_disabled_with_no_jaxlog(pytester):
-    pytester.makepyfile(
-        """
-        def test_uses(jaxlog): pass
-        """
-    )
-    result = pytester.runpytest("-p", "no:jaxlog")
-    result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*fixture 'jaxlog' not found*"])
+DISABLED = """
+import pytest
+
+def test_uses(jaxlog): pass
+
+def test_uses_factory(jaxlog_factory): pass
+
+@pytest.mark.parametrize("i", [1, 2])
+def test_param(jaxlog, i): pass
+
+def test_plain(): pass
+"""
+
+
+def _notice_plugin() -> list[str]:
+    """``-p`` for the notice plugin unless the installed package already registers its entry point."""
+    from importlib.metadata import entry_points
+
+    installed = any(ep.name == "jaxlog_disabled" for ep in entry_points(group="pytest11"))
+    return [] if installed else ["-p", "pytest_jaxlog.harness.disabled"]
+
+
+def test_disabled_with_no_jaxlog_is_one_line(pytester):
+    """``-p no:jaxlog``: the jaxlog_disabled plugin (its own entry point, so not blocked with jaxlog) skips the
+    tests that need jaxlog's fixtures with one reason and says once that jaxlog is disabled."""
+    pytester.makepyfile(test_d=DISABLED)
+    result = pytester.runpytest("-p", "no:jaxlog", *_notice_plugin(), "-rs")
+    result.assert_outcomes(passed=1, skipped=4)
+    text = result.stdout.str()
+    assert "fixture 'jaxlog' not found" not in text and "available fixtures" not in text
+    result.stdout.fnmatch_lines(["jaxlog: the jaxlog plugin is disabled (-p no:jaxlog); skipped 4 tests that use its fixtures"])
+    # -rs folds the skips by file (decorated tests by line): one reason, not a fixture error per test
+    skips = [ln for ln in text.splitlines() if ln.startswith("SKIPPED")]
+    assert skips and all(ln.endswith("[jaxlog] the jaxlog plugin is disabled (-p no:jaxlog): this test uses its fixtures")
+                         for ln in skips)
+    assert sum(int(ln.split("[")[1].split("]")[0]) for ln in skips) == 4
     assert not (pytester.path / ".jaxlog").exists()
-    assert "jaxlog:" not in result.stdout.str()
+    assert "jaxlog: dir=" not in text  # no header, no manifest: the plugin did not load
+
+    # with the plugin active the notice plugin does nothing
+    pytester.makeconftest("")
+    result = pytester.runpytest(*_notice_plugin())
+    result.assert_outcomes(passed=5)
+    assert "plugin is disabled" not in result.stdout.str()
+
+    # a user's own `jaxlog` fixture is not ours to skip
+    pytester.makeconftest("import pytest\n\n@pytest.fixture\ndef jaxlog():\n    return 'mine'\n")
+    result = pytester.runpytest("-p", "no:jaxlog", *_notice_plugin())
+    result.assert_outcomes(passed=4, skipped=1)  # test_uses_factory still needs the plugin
+    result.stdout.fnmatch_lines(["jaxlog: the jaxlog plugin is disabled (-p no:jaxlog); skipped 1 test that use*"])
+
+
+def test_disabled_notice_through_the_entry_points_and_xdist(pytester, tmp_path):
+    """The entry points pyproject.toml declares, found the way an installed package's are (a dist-info on
+    sys.path), in a subprocess with xdist: the workers skip, the controller prints the one line."""
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    eps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["entry-points"]["pytest11"]
+    assert eps["jaxlog_disabled"] == "pytest_jaxlog.harness.disabled"
+    dist = tmp_path / "site" / "jaxlog_entry_points-0.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: jaxlog-entry-points\nVersion: 0.0\n")
+    (dist / "entry_points.txt").write_text("[pytest11]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()))
+    pytester.makepyfile(test_d=DISABLED)
+    env_path = os.pathsep.join([str(tmp_path / "site"), str(root), os.environ.get("PYTHONPATH", "")])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", env_path)
+        result = pytester.runpytest_subprocess("-p", "no:jaxlog", "-p", "no:cacheprovider", "-n", "2")
+    result.assert_outcomes(passed=1, skipped=4)
+    result.stdout.fnmatch_lines(["jaxlog: the jaxlog plugin is disabled (-p no:jaxlog); skipped 4 tests that use its fixtures"])
+    assert "fixture 'jaxlog' not found" not in result.stdout.str()
 
 
 def _outcome_suite(pytester):

@@ -5,6 +5,7 @@ marker, the recorder, and golden checks with ``--jaxlog-regen``. In-process runs
 from __future__ import annotations
 
 import json
+import os
 import xml.etree.ElementTree as ET
 
 import h5py  # noqa: F401  (imported before pytester's inline runs snapshot sys.modules)
@@ -20,6 +21,13 @@ for _name in jl.__all__:
     getattr(jl, _name)
 
 pytest_plugins = ["pytester"]
+
+
+@pytest.fixture(autouse=True)
+def _no_jaxlog_env(monkeypatch):
+    """The inner sessions see the plugin's defaults, whatever JAXLOG_* the outer one has (CI sets JAXLOG_KEEP)."""
+    for name in [k for k in os.environ if k.startswith("JAXLOG_")]:
+        monkeypatch.delenv(name)
 
 KERNEL = """
 import jax.numpy as jnp
@@ -165,7 +173,8 @@ def test_golden_missing_regen_ok_and_changed(pytester):
     golden = pytester.path / "fixtures/golden/test_g.test_golden.h5"
     result = pytester.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*does not exist*--jaxlog-regen*"])
+    result.stdout.fnmatch_lines(["*[[]jaxlog] golden trajectory fixtures/golden/test_g.test_golden.h5 does not exist",
+                                 "*to create it, run pytest with --jaxlog-create-goldens (missing goldens only) or --jaxlog-regen"])
     assert not golden.exists()
 
     pytester.makepyfile(test_g=GOLDEN.replace('== "ok"', 'in ("ok", "regenerated")'))
@@ -260,4 +269,4 @@ def test_direct(jaxlog, tmp_path):
     assert jl.load(pytester.path / ".jaxlog/test_r.test_loop/trajectory-1.h5").status == "violated"
     doc = json.loads((pytester.path / ".jaxlog/manifest.json").read_text())
     (violation,) = {e["nodeid"]: e for e in doc["tests"]}["test_r.py::test_loop"]["violations"]
-    assert violation["artifacts"]["trajectory"] == ".jaxlog/test_r.test_loop/trajectory-1.h5"
+    assert violation["artifacts"]["trajectory"] == "test_r.test_loop/trajectory-1.h5"  # relative to the manifest

@@ -18,10 +18,11 @@ import pytest
 
 import pytest_jaxlog as jl
 
-from pytest_jaxlog._errors import JaxlogError, JaxlogRuntimeWarning
-from pytest_jaxlog._perfetto import Timeline
-from pytest_jaxlog._profile import ProfileWindow, active_window, check_windows
-from pytest_jaxlog._trace import load_trace
+from pytest_jaxlog import JaxlogError, JaxlogRuntimeWarning
+from pytest_jaxlog import Timeline
+from pytest_jaxlog import ProfileWindow
+from pytest_jaxlog.profiling.window import active_window, check_windows
+from pytest_jaxlog import load_trace
 
 
 @jax.jit
@@ -239,8 +240,8 @@ def test_fresh_process_window(tmp_path):
     """A process whose only profiler session is the window (also how xdist workers see it)."""
     code = textwrap.dedent(f"""
         import jax, jax.numpy as jnp
-        from pytest_jaxlog._profile import ProfileWindow
-        from pytest_jaxlog._trace import load_trace
+        from pytest_jaxlog import ProfileWindow
+        from pytest_jaxlog import load_trace
         step = jax.jit(lambda x: x * 0.5 + 1.0)
         x = jnp.ones((16,))
         win = ProfileWindow(0, 3, {str(tmp_path)!r})

@@ -10,10 +10,10 @@ from kernels.oscillators import make_oscillators
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 import pytest_jaxlog as jl
-from pytest_jaxlog._errors import JaxlogError
-from pytest_jaxlog._perfetto import Timeline
-from pytest_jaxlog._profile import active_window
-from pytest_jaxlog._trace import load_trace
+from pytest_jaxlog import JaxlogError
+from pytest_jaxlog import Timeline
+from pytest_jaxlog.profiling.window import active_window
+from pytest_jaxlog import load_trace
 
 
 @pytest.fixture(scope="module")

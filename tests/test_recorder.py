@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import pytest_jaxlog as jl
-from pytest_jaxlog._sinks import MemorySink
+from pytest_jaxlog import MemorySink
 
 N = 4
 
@@ -144,27 +144,6 @@ def test_violation_raise_from_log():
     np.testing.assert_array_equal(sink.frames().steps["c"], np.arange(6))
 
 
-@pytest.mark.parametrize("flush_every", [3, 100])
-@pytest.mark.parametrize("mode", ["warn", "record"])
-def test_violation_warn_or_record_goes_on(mode, flush_every):
-    """warn/record: every frame is recorded, the first violation kept, one warning per invariant."""
-    sink = Sink()
-    invs = [jl.bounded("c", hi=10.5), jl.bounded("c", hi=4.5), jl.finite("c")]
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with jl.Recorder({"c": lambda s: s["c"]}, sinks=[sink], invariants=invs, flush_every=flush_every,
-                         on_violation=mode) as rec:
-            for k in range(20):
-                rec.log(_counter_state(k), k)
-    assert (rec.violation.invariant, rec.violation.step) == ("bounded(c, hi=4.5)", 5)
-    assert rec.status == "violated" and rec.steps_done == 19
-    assert rec.trajectory.status == "violated" and sink.steps_done == 19 and sink.violation["step"] == 5
-    np.testing.assert_array_equal(rec.trajectory.steps("c"), np.arange(20))
-    warned = [w.message.violation for w in caught if issubclass(w.category, jl.JaxlogRuntimeWarning)]
-    if mode == "warn":
-        assert [(v.invariant, v.step) for v in warned] == [("bounded(c, hi=4.5)", 5), ("bounded(c, hi=10.5)", 11)]
-    else:
-        assert not warned
 
 
 def test_violation_at_exit_raises():
@@ -191,7 +170,7 @@ def test_no_log_calls_still_closes_sinks():
 
 
 def test_recorder_to_hdf5(tmp_path):
-    pytest.importorskip("pytest_jaxlog._hdf5")
+    pytest.importorskip("pytest_jaxlog.store.hdf5")
     path = tmp_path / "rec.h5"
     with jl.Recorder(RECORD, sinks=[jl.HDF5Writer(path)], flush_every=4) as rec:
         _loop(rec, 9)
@@ -204,7 +183,7 @@ def test_recorder_to_hdf5(tmp_path):
 def test_compiles_count_every_recompile_of_the_user_kernel():
     """A step whose state changes shape every call recompiles every call: the Recorder shows N
     compiles (its own programs are not counted), and they are on the timeline's compile track."""
-    from pytest_jaxlog._perfetto import Timeline
+    from pytest_jaxlog import Timeline
 
     @jax.jit
     def grow(s):
@@ -243,13 +222,10 @@ def test_compiles_show_a_weak_type_flip():
     again.timings.assert_compiles(0)
 
 
-def test_a_single_invariant_needs_no_list():
-    with jl.Recorder({"e": energy}, invariants=jl.finite("e")) as rec:
-        _loop(rec, 3)
-    assert rec.status == "complete"
+def test_invariants_of_a_recorder_never_given_a_state_are_not_checked():
     with jl.Recorder({"e": energy}, invariants=jl.bounded("e", hi=0.0)) as rec:  # no log(): closes cleanly
         pass
-    assert rec.status == "complete"
+    assert rec.status == "complete" and rec.trajectory.status == "complete"
 
 
 def test_view_that_raises_or_returns_python_scalars():
@@ -306,19 +282,6 @@ def test_device_buffers_are_bounded_whatever_flush_every():
         jl.Recorder({"x": positions}, buffer_bytes=0)
 
 
-def test_timeline_gets_a_counter_per_scalar_record(tmp_path):
-    """Like jl.run, a Recorder with a timeline puts each scalar record on a counter track (the
-    .pftrace shows energy against time), one point per log() that took it."""
-    from pytest_jaxlog._perfetto import Timeline
-    from pytest_jaxlog._trace import load_trace
-
-    tl = Timeline()
-    with jl.Recorder(RECORD, flush_every=3, timeline=tl) as rec:
-        _loop(rec, 7)
-    assert tl.counter_names() == ("e",)  # x (positions) is not a scalar
-    ts, vals = load_trace(tl.write(tmp_path / "t.pftrace")).counters["e"]
-    np.testing.assert_array_equal(vals, np.asarray(rec.trajectory["e"], np.float64))
-    assert len(ts) == 8 and np.all(np.diff(ts) > 0)
 
 
 def test_states_that_are_not_arrays_pytrees():

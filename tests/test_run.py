@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pytest_jaxlog as jl
-from pytest_jaxlog._run import auto_chunk
-from pytest_jaxlog._sinks import MemorySink
+from pytest_jaxlog.drive.run import auto_chunk
+from pytest_jaxlog import MemorySink
 
 # ---------------------------------------------------------------- small kernels (compiled once per shape)
 
@@ -86,11 +86,13 @@ def _reference(steps, key=None, start=0, state=STATE):
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(chunk=st.sampled_from([1, 2, 7, 1000]), steps=st.integers(0, 40), which=st.integers(0, len(SCHEDULES) - 1),
-       keyed=st.booleans())
-def test_chunk_size_independence(chunk, steps, which, keyed):
+       keyed=st.booleans(), small=st.booleans())
+def test_chunk_size_independence(chunk, steps, which, keyed, small):
     rec = RECORDS[which]
     fn, key = (noisy, KEY) if keyed else (osc, None)
-    a = jl.run(fn, STATE, steps, record=rec, key=key, chunk=chunk, progress=False)
+    # small: buffers for a few steps, so chunks fill many sets in turn and reuse them (stale rows)
+    budget = {"chunk_budget_bytes": 3 * 4 * (1 + N)} if small else {}
+    a = jl.run(fn, STATE, steps, record=rec, key=key, chunk=chunk, progress=False, **budget)
     b = jl.run(fn, STATE, steps, record=rec, key=key, chunk=1000, progress=False)
     _leaves_equal(a.state, b.state)
     _traj_equal(a.trajectory, b.trajectory)
@@ -104,6 +106,89 @@ def test_chunk_size_independence(chunk, steps, which, keyed):
     want = np.stack([np.asarray(ref[k]["x"]) for k in sched.steps_between(0, steps)]) if len(
         sched.steps_between(0, steps)) else np.zeros((0, N), np.float32)
     np.testing.assert_allclose(a.trajectory["x"], want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("which", range(len(SCHEDULES)))
+def test_only_sparse_records_step_ahead_between_scheduled_steps(which):
+    """With no every-step record the program runs the steps between two scheduled ones in an inner
+    loop: the same frames, states and until= stop for any chunk size, and the states of a plain loop."""
+    sched = SCHEDULES[which]
+    rec = {"x": jl.Record(positions, every=sched), "n": jl.Record(energy, every=jl.at(3, 30))}
+    ref = _reference(40)
+    runs = [jl.run(osc, STATE, 40, record=rec, chunk=c, progress=False) for c in (None, 1, 7)]
+    for r in runs:
+        _traj_equal(r.trajectory, runs[0].trajectory)
+        _leaves_equal(r.state, ref[40])
+        np.testing.assert_array_equal(r.trajectory.steps("x"), sched.steps_between(0, 40))
+        np.testing.assert_array_equal(r.trajectory.steps("n"), [3, 30])
+    # until= inside the inner loop: the exact first step where it holds
+    stop = next(k for k in range(41) if float(ref[k]["x"][0]) > -0.9)
+    for c in (None, 1, 7):
+        r = jl.run(osc, STATE, 40, record=rec, chunk=c, until=lambda s: s["x"][0] > -0.9, progress=False)
+        assert r.stop_reason == "until" and r.steps_done == stop
+        _leaves_equal(r.state, ref[stop])
+        np.testing.assert_array_equal(r.trajectory.steps("x"), sched.steps_between(0, stop))
+
+
+def test_a_window_schedule_records_nothing_past_its_stop():
+    """window(0, 10) holds at every step up to 10: recorded at those steps only, however the run
+    is cut into chunks."""
+    for chunk in (None, 1, 4):
+        r = jl.run(osc, STATE, 25, record={"w": jl.Record(positions, every=jl.window(0, 10))}, chunk=chunk,
+                   progress=False)
+        np.testing.assert_array_equal(r.trajectory.steps("w"), np.arange(11))
+
+
+def test_a_schedule_the_program_does_not_know_is_evaluated_on_the_host():
+    """A user's Schedule subclass has no device form: its steps come from the host, per chunk."""
+    from pytest_jaxlog.record.schedule import Schedule
+
+    class Squares(Schedule):
+        def steps_between(self, lo, hi):
+            k = np.arange(int(np.ceil(np.sqrt(max(lo, 0)))), int(np.floor(np.sqrt(max(hi, 0)))) + 1, dtype=np.int64)
+            return k * k
+
+        def mask(self, steps):
+            steps = np.asarray(steps, np.int64)
+            return np.round(np.sqrt(steps)) ** 2 == steps
+
+        def max_in_span(self, length):
+            return min(length, int(np.sqrt(length)) + 1)
+
+        def to_json(self):
+            return {"kind": "squares"}
+
+    ref = _reference(40)
+    for chunk in (None, 1, 6):
+        r = jl.run(osc, STATE, 40, record={"x": jl.Record(positions, every=Squares())}, chunk=chunk, progress=False)
+        np.testing.assert_array_equal(r.trajectory.steps("x"), [0, 1, 4, 9, 16, 25, 36])
+        np.testing.assert_array_equal(r.trajectory["x"], np.stack([np.asarray(ref[k]["x"]) for k in
+                                                                   (0, 1, 4, 9, 16, 25, 36)]))
+
+
+def test_runs_of_any_length_and_chunk_share_one_program():
+    """The capacity comes from the memory budget, not the run length: once a kernel and its records
+    ran, runs of other lengths, chunk sizes and windows compile nothing, and the buffers kept
+    from one run (stale rows in them) never show up in the next."""
+    def fresh(s):  # nothing compiled for it yet in this process
+        return osc(s)
+
+    rec = {"e": energy, "x": jl.Record(positions, every=3), "h": lambda s: s["x"].astype(jnp.bfloat16),
+           "k": jl.Record(positions, when=lambda s: s["x"][0] < -0.5)}
+    ref = _reference(70)
+    first = jl.run(fresh, STATE, 50, record=rec, progress=False)
+    assert first.timings.compiles == 1
+    for steps, chunk in ((7, None), (70, 1), (3, 13), (0, None), (70, 9)):
+        r = jl.run(fresh, STATE, steps, record=rec, chunk=chunk, progress=False)
+        assert r.timings.compiles == 0, (steps, chunk)
+        t = r.trajectory
+        np.testing.assert_array_equal(t.steps("e"), np.arange(steps + 1))
+        np.testing.assert_array_equal(t.steps("x"), np.arange(0, steps + 1, 3))
+        np.testing.assert_array_equal(t["h"], np.stack([np.asarray(ref[k]["x"]).astype(jnp.bfloat16)
+                                                        for k in range(steps + 1)]))
+        kept = [k for k in range(steps + 1) if float(ref[k]["x"][0]) < -0.5]
+        np.testing.assert_array_equal(t.steps("k"), kept)
+        _leaves_equal(r.state, ref[steps])
 
 
 def test_key_folding_and_resume():
@@ -303,7 +388,8 @@ def test_keyboard_interrupt_stops_at_chunk_boundary():
     mem = MemorySink()
     bad = CountingSink(fail_at=3, exc=KeyboardInterrupt())
     with pytest.raises(KeyboardInterrupt) as info:
-        jl.run(osc, STATE, 50, record={"e": energy}, sinks=[mem, bad], chunk=5, donate=False, progress=False)
+        jl.run(osc, STATE, 50, record={"e": energy}, sinks=[mem, bad], chunk_budget_bytes=5 * 4, donate=False,
+               progress=False)  # buffers for 5 steps of "e": each set of 5 is pulled and written as one batch
     assert mem.status == bad.status == "stopped"
     # chunks 0..4 and 5..9 written everywhere before the third write raised; mem (listed first)
     # took that third batch too, so it holds, and says, steps up to 15
@@ -318,7 +404,7 @@ def test_sink_exception_fails_and_is_reraised():
     mem = MemorySink()
     with pytest.raises(RuntimeError, match="disk full"):
         jl.run(osc, STATE, 30, record={"e": energy}, sinks=[mem, CountingSink(2, RuntimeError("disk full"))],
-               chunk=5, progress=False)
+               chunk_budget_bytes=5 * 4, progress=False)
     # mem took chunk 6..10 before the next sink failed on it: it holds (and says) steps up to 10
     assert mem.status == "failed" and mem.steps_done == 10
     np.testing.assert_array_equal(mem.frames().steps["e"], np.arange(11))
@@ -333,8 +419,8 @@ def test_a_sink_ahead_of_a_failing_one_says_how_far_its_file_goes(tmp_path):
             raise OSError("network share gone")
 
     with pytest.raises(jl.WriterError, match="network share gone") as info:
-        jl.run(osc, STATE, 20, chunk=3, record={"e": energy, "x": jl.Record(positions, every=4)},
-               sinks=[jl.HDF5Writer(tmp_path / "t.h5"), jl.CallbackSink(flaky)], progress=False)
+        jl.run(osc, STATE, 20, chunk_budget_bytes=3 * (4 + N), record={"e": energy, "x": jl.Record(positions, every=4)},
+               sinks=[jl.HDF5Writer(tmp_path / "t.h5"), jl.CallbackSink(flaky)], progress=False)  # sets of 3 steps
     traj = jl.load(tmp_path / "t.h5")
     assert traj.status == "failed" and list(traj.steps("e")) == list(range(10))
     assert traj.steps_done == 9  # was 6: the file held steps 7..9 beyond its steps_done
@@ -358,8 +444,7 @@ def test_caller_state_is_not_donated_and_compiles_are_reused():
 def test_auto_chunk_respects_budget():
     r = jl.run(osc, STATE, 50, record={"x": positions}, chunk_budget_bytes=N * 4 * 8, progress=False)
     assert r.chunk == 8
-    assert auto_chunk(r.schema, 10**9) == 10_000
-    assert auto_chunk(r.schema, 3) == 3
+    assert auto_chunk(r.schema) == 10_000  # the capacity does not follow the run length
     ref = jl.run(osc, STATE, 50, record={"x": positions}, chunk=50, progress=False)
     _traj_equal(r.trajectory, ref.trajectory)
 
@@ -379,7 +464,7 @@ def test_progress_advances_by_steps():
 
 
 def test_hdf5_sink_trajectory_is_loaded(tmp_path):
-    pytest.importorskip("pytest_jaxlog._hdf5")
+    pytest.importorskip("pytest_jaxlog.store.hdf5")
     path = tmp_path / "t.h5"
     r = jl.run(osc, STATE, 12, record={"e": energy, "x": jl.Record(positions, every=4)},
                sinks=[jl.HDF5Writer(path)], chunk=5, dt=0.1, progress=False)
@@ -392,11 +477,12 @@ def test_hdf5_sink_trajectory_is_loaded(tmp_path):
 
 
 def test_timeline_slices_and_counters(tmp_path):
-    from pytest_jaxlog._perfetto import Timeline
-    from pytest_jaxlog._trace import load_trace
+    from pytest_jaxlog import Timeline
+    from pytest_jaxlog import load_trace
 
     tl = Timeline()
-    jl.run(osc, STATE, 20, record={"e": energy, "x": positions}, chunk=3, timeline=tl, progress=False)
+    jl.run(osc, STATE, 20, record={"e": energy, "x": positions}, chunk_budget_bytes=3 * 4 * (1 + N), timeline=tl,
+           progress=False)  # sets of 3 steps, each pulled as one batch
     assert len(tl.slices("dispatch")) == 7 and len(tl.slices("host")) == 7
     assert "e" in tl.counter_names()
     # the counter reads in step order across chunks (their time intervals overlap)
@@ -420,7 +506,7 @@ def test_keyboard_interrupt_with_donation_returns_the_newest_state():
     mem = MemorySink()
     with pytest.raises(KeyboardInterrupt) as info:
         jl.run(osc, STATE, 50, record={"e": energy}, sinks=[mem, CountingSink(fail_at=2, exc=KeyboardInterrupt())],
-               chunk=5, progress=False)
+               chunk_budget_bytes=5 * 4, progress=False)
     run = info.value.jaxlog_run
     assert mem.status == "stopped" and mem.steps_done == 10  # it took the batch the next sink stopped on
     assert run.steps_done >= mem.steps_done  # chunks already dispatched are not thrown away
@@ -434,8 +520,8 @@ def test_keyboard_interrupt_with_donation_returns_the_newest_state():
 def test_compiles_count_the_step_function_once_per_run(tmp_path):
     """A stable kernel compiles once (cold) although the run compiles one program per chunk length
     (a shorter last chunk, length-1 window steps) and replays the post-mortem; 0 when warm."""
-    from pytest_jaxlog._perfetto import Timeline
-    from pytest_jaxlog._trace import load_trace
+    from pytest_jaxlog import Timeline
+    from pytest_jaxlog import load_trace
 
     def fresh(s):  # defined here: nothing compiled for it yet in this process
         return osc_t(s)
@@ -447,7 +533,7 @@ def test_compiles_count_the_step_function_once_per_run(tmp_path):
     tl = Timeline()
     cold = go(jl.ProfileWindow(7, 8, tmp_path), tl)
     # one program for chunks of 5, the window's one-step chunks and the short last chunk
-    assert [ev.function for ev in cold.timings.compile_events] == ["_chunk_impl"]
+    assert [ev.function for ev in cold.timings.compile_events] == ["chunk_impl"]
     cold.timings.assert_compiles(1)
     assert cold.timings.compile_s > 0
     warm = go(jl.ProfileWindow(7, 8, tmp_path))  # the same chunk lengths: all compiled already
@@ -464,28 +550,9 @@ def test_compiles_count_the_step_function_once_per_run(tmp_path):
     back = load_trace(tl.write(tmp_path / "run.pftrace"))
     compiles = back.slices(track="compile")
     assert len(compiles) == len(cold.timings.compile_events) == 1
-    assert {s.name for s in compiles} == {"_chunk_impl"} and all(s.dur_s > 0 for s in compiles)
+    assert {s.name for s in compiles} == {"chunk_impl"} and all(s.dur_s > 0 for s in compiles)
 
 
-def test_invariant_violations_are_instants_on_the_timeline(tmp_path):
-    from pytest_jaxlog._perfetto import Timeline
-    from pytest_jaxlog._trace import load_trace
-
-    tl = Timeline()
-    jl.run(osc_t, STATE_T, 20, record=REC_T, invariants=[jl.bounded("t", hi=12), jl.bounded("t", hi=6)],
-           on_violation="record", chunk=4, timeline=tl, progress=False)
-    back = load_trace(tl.write(tmp_path / "v.pftrace"))
-    marks = back.instants()
-    assert sorted((m.name, m.args["step"]) for m in marks) == [("bounded(t, hi=12)", 13), ("bounded(t, hi=6)", 7)]
-
-
-def test_a_single_invariant_needs_no_list():
-    run = jl.run(osc, STATE, 6, chunk=4, record={"e": energy}, invariants=jl.finite("e"))
-    assert run.status == "complete" and run.steps_done == 6
-    with pytest.raises(jl.InvariantViolation, match=r"bounded\(e, hi=-100.0\) violated at step 0"):
-        jl.run(osc, STATE, 6, chunk=4, record={"e": energy}, invariants=jl.bounded("e", hi=-100.0))
-    with pytest.raises(jl.JaxlogError, match="invariants= takes"):
-        jl.run(osc, STATE, 6, record={"e": energy}, invariants=3)
 
 
 def test_profile_window_outside_a_resumed_run_is_an_error(tmp_path):

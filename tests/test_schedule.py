@@ -3,7 +3,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 import pytest_jaxlog as jl
-from pytest_jaxlog._records import Record, normalize_records
+from pytest_jaxlog import Record
+from pytest_jaxlog.record.records import normalize_records
 
 
 @given(n=st.integers(1, 20), start=st.integers(0, 30), lo=st.integers(0, 100), span=st.integers(0, 100))
@@ -48,7 +49,7 @@ def test_bad_schedules_are_clear_errors(make, match):
 
 
 def test_schedules_round_trip_json():
-    from pytest_jaxlog._schedule import schedule_from_json
+    from pytest_jaxlog.record.schedule import schedule_from_json
 
     for s in (jl.every(3, start=2), jl.at(5, 1, 9), jl.window(2, 20, every=3)):
         assert schedule_from_json(s.to_json()) == s
@@ -70,3 +71,19 @@ def test_record_shorthand_and_schedules():
         normalize_records({"aux": lambda s: s}, reserved=("aux",))
     with pytest.raises(jl.JaxlogError, match="callable"):
         normalize_records({"e": 3})
+
+
+@pytest.mark.parametrize("schedule", [jl.every(1), jl.every(7, start=3), jl.at(0, 5, 6, 99), jl.window(4, 40, every=3),
+                                      jl.window(10, 10)])
+def test_contains_and_count_between_agree_with_the_array_answers(schedule):
+    """The drivers and the HDF5 writer ask schedules these questions directly (per log call, per
+    file): the fast answers must equal the array-building ones everywhere."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        lo, hi = sorted(int(x) for x in rng.integers(0, 120, 2))
+        assert schedule.count_between(lo, hi) == len(schedule.steps_between(lo, hi)), (lo, hi)
+    assert schedule.count_between(50, 3) == 0
+    steps = np.arange(0, 120)
+    assert [schedule.contains(int(k)) for k in steps] == schedule.mask(steps).tolist()
+    assert [int(k) in schedule for k in steps] == schedule.mask(steps).tolist()
+    assert jl.every(1).count_between(0, 2**31) == 2**31 + 1

@@ -22,9 +22,9 @@ import pytest
 from storage_helpers import frames_for, simple_schema
 
 import pytest_jaxlog as jl
-from pytest_jaxlog._frames import Frames
-from pytest_jaxlog._hdf5 import HDF5Writer
-from pytest_jaxlog._trajectory import load
+from pytest_jaxlog.record.frames import Frames
+from pytest_jaxlog.store.hdf5 import HDF5Writer
+from pytest_jaxlog.store.trajectory import load
 
 GUARD_S = 60  # a hang guard, not a performance threshold
 REPO = Path(__file__).resolve().parents[1]
@@ -66,7 +66,7 @@ class FailingWriter(HDF5Writer):
 
 def test_writer_thread_failure_surfaces_on_next_write_and_file_stays_valid(tmp_path):
     schema = simple_schema()
-    w = FailingWriter(tmp_path / "t.h5", fail_at=2, queue_size=1)
+    w = FailingWriter(tmp_path / "t.h5", fail_at=2, queue_bytes=1024)
     w.open(schema, {})
 
     def produce():
@@ -89,10 +89,10 @@ def test_writer_thread_failure_surfaces_on_next_write_and_file_stays_valid(tmp_p
 def test_writer_failure_mid_run_leaves_steps_done_at_what_the_file_holds(tmp_path):
     import jax.numpy as jnp
 
-    w = FailingWriter(tmp_path / "t.h5", fail_at=2, queue_size=1)
+    w = FailingWriter(tmp_path / "t.h5", fail_at=2, queue_bytes=1024)
     with pytest.raises(jl.WriterError, match="No space left"):
-        no_hang(lambda: jl.run(lambda s: s + 1.0, jnp.float32(0), 40, chunk=4, record={"e": lambda s: s},
-                               sinks=[w], progress=False))
+        no_hang(lambda: jl.run(lambda s: s + 1.0, jnp.float32(0), 40, chunk_budget_bytes=4 * 4,
+                               record={"e": lambda s: s}, sinks=[w], progress=False))  # batches of 4 steps
     traj = load(tmp_path / "t.h5")
     assert traj.status == "failed" and list(traj.steps("e")) == list(range(9))
     assert traj.steps_done == 8  # the driver had handed over more (up to 12 or beyond)
@@ -183,9 +183,9 @@ def test_exception_in_caller_leaves_closed_valid_file(tmp_path, exc, status):
 CHILD = textwrap.dedent(
     """
     import sys, numpy as np
-    from pytest_jaxlog._frames import Frames, LeafSpec, Schema
-    from pytest_jaxlog._schedule import every
-    from pytest_jaxlog._hdf5 import HDF5Writer
+    from pytest_jaxlog.record.frames import Frames, LeafSpec, Schema
+    from pytest_jaxlog.record.schedule import every
+    from pytest_jaxlog.store.hdf5 import HDF5Writer
 
     path, mode = sys.argv[1], sys.argv[2]
     schema = Schema((LeafSpec("energy", "energy", (), np.dtype("float64"), every(1)),
@@ -292,11 +292,12 @@ class SlowWriter(HDF5Writer):
 
 
 def test_slow_writer_keeps_memory_bounded(tmp_path):
-    queue_size, n_batches, frames_per_batch = 2, 40, 4
+    n_batches, frames_per_batch = 40, 4
     shape = (256, 1024)  # 1 MiB per frame (float32), 4 MiB per batch
     schema = simple_schema(shape=shape, dtype=np.float32)
     batch_bytes = frames_per_batch * int(np.prod(shape)) * 4
-    w = SlowWriter(tmp_path / "t.h5", queue_size=queue_size, flush_every_s=60.0)
+    queue_bytes = 2 * batch_bytes + 4096  # two batches (with their steps and energies)
+    w = SlowWriter(tmp_path / "t.h5", queue_bytes=queue_bytes, flush_every_s=60.0)
     w.open(schema, {})
 
     def produce():
@@ -315,15 +316,15 @@ def test_slow_writer_keeps_memory_bounded(tmp_path):
             tracemalloc.stop()
 
     peak = no_hang(produce)
-    # queued batches + the one the writer holds + the one being built + the one being handed over,
-    # plus 1 MiB of bookkeeping (Frames/dicts/h5py buffers, traced on both threads: a run under load
-    # measured 20.008 MiB against the bare 20 MiB); an unbounded queue would reach ~160 MiB
-    bound = (queue_size + 3) * batch_bytes + 2**20
+    # the queue's budget (it counts the batch the writer holds) + the one being built + the one
+    # being handed over, plus 1 MiB of bookkeeping (Frames/dicts/h5py buffers, traced on both
+    # threads); an unbounded queue would reach ~160 MiB
+    bound = queue_bytes + 2 * batch_bytes + 2**20
     total = n_batches * batch_bytes
     print(f"peak {peak / 2**20:.1f} MiB, bound {bound / 2**20:.1f} MiB, produced {total / 2**20:.0f} MiB, "
           f"stats {w.stats}")
     assert peak < bound < total / 4
-    assert w.stats["max_queue"] <= queue_size and w.stats["blocked_s"] > 0  # the producer did wait
+    assert w.stats["max_queue_bytes"] <= queue_bytes and w.stats["blocked_s"] > 0  # the producer did wait
     traj = load(tmp_path / "t.h5")
     assert traj["state/x", -1][0, 0] == n_batches - 1 and len(traj.steps("state/x")) == n_batches * frames_per_batch
 
@@ -346,3 +347,81 @@ def test_dead_writer_thread_raises_on_write_and_close_finishes_the_file(tmp_path
     no_hang(w.close, "complete")
     traj = load(tmp_path / "t.h5")
     assert traj.status == "failed" and "died" in traj.writer_error
+
+
+# -- a kill inside the rewrite of the partly filled last chunk ---------------------------------------
+
+TORN_CHILD = textwrap.dedent(
+    """
+    import os, sys
+    import numpy as np
+    from pytest_jaxlog.record.frames import Frames, LeafSpec, Schema
+    from pytest_jaxlog.record.schedule import every
+    from pytest_jaxlog.store.hdf5 import HDF5Writer
+
+    w = HDF5Writer(sys.argv[1], flush_every_s=60.0)
+    w.open(Schema((LeafSpec("x", "x", (8,), np.dtype("float32"), every(1)),)), {"provenance": {}})
+    for k in range(int(sys.argv[2])):
+        fr = Frames()
+        fr.add("x", np.array([k]), np.full((1, 8), k, np.float32))
+        w.write(fr)
+    w.flush()
+    os._exit(0)  # killed: the file stays "running"
+    """
+)
+
+
+def _tear(path: Path, chunk: int) -> int:
+    """Stale the checksum of chunk ``chunk`` of x's values, as a kill inside its rewrite does;
+    returns the rows per chunk."""
+    with h5py.File(path, "r") as f:
+        ds = f["observables/x/value"]
+        info = ds.id.get_chunk_info(chunk)
+        rows = ds.chunks[0]
+    with open(path, "r+b") as fh:  # the checksum is the chunk's last 4 bytes
+        fh.seek(info.byte_offset + info.size - 4)
+        old = fh.read(4)
+        fh.seek(info.byte_offset + info.size - 4)
+        fh.write(bytes(b ^ 0xFF for b in old))
+    return rows
+
+
+def test_a_kill_inside_the_last_chunks_rewrite_loses_none_of_its_flushed_rows(tmp_path):
+    path = tmp_path / "t.h5"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    subprocess.run([sys.executable, "-c", TORN_CHILD, str(path), "4000"], check=True, env=env, timeout=GUARD_S)
+    with h5py.File(path, "r") as f:
+        n_chunks = f["observables/x/value"].id.get_num_chunks()
+    assert n_chunks >= 2  # the last chunk and earlier ones
+    rows = _tear(path, n_chunks - 1)
+    assert 4000 % rows  # the torn chunk is a partly filled one, as a flush leaves it
+    with h5py.File(path, "r") as f, pytest.raises(OSError, match="filter"):
+        f["observables/x/value"][:]  # HDF5 itself refuses the torn chunk
+    traj = jl.load(path)
+    assert traj.status == "running"
+    x = traj["x"]
+    np.testing.assert_array_equal(x, np.broadcast_to(np.arange(4000, dtype=np.float32)[:, None], (4000, 8)))
+    np.testing.assert_array_equal(traj["x", 3990:], x[3990:])
+    # a damaged earlier chunk is damage, not a torn append
+    _tear(path, 0)
+    with pytest.raises(jl.JaxlogError, match=r"reading record 'x' \(value\) failed: the file is damaged"):
+        jl.load(path)["x"]
+
+
+def test_a_finished_file_with_a_bad_last_chunk_is_damaged(tmp_path):
+    path = tmp_path / "t.h5"
+    w = HDF5Writer(path)
+    w.open(simple_schema(), {"provenance": {}})
+    w.write(frames_for(simple_schema(), 0, 50))
+    w.close("complete", steps_done=49)
+    with h5py.File(path, "r") as f:
+        ds = f["observables/energy/value"]
+        info = ds.id.get_chunk_info(ds.id.get_num_chunks() - 1)
+    with open(path, "r+b") as fh:
+        fh.seek(info.byte_offset + info.size - 4)
+        old = fh.read(4)
+        fh.seek(info.byte_offset + info.size - 4)
+        fh.write(bytes(b ^ 0xFF for b in old))
+    assert jl.load(path).status == "complete"
+    with pytest.raises(jl.JaxlogError, match=r"reading record 'energy' \(value\) failed: the file is damaged"):
+        jl.load(path)["energy"]

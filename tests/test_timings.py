@@ -12,7 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytest_jaxlog._timings import CompileEvent, CompileTracker, Timings, describe_avals
+import pytest_jaxlog as jl
+from pytest_jaxlog import CompileTracker, Timings
+from pytest_jaxlog.profiling.timings import CompileEvent, describe_avals
 
 
 def _make_step():
@@ -133,8 +135,72 @@ def test_assert_faster_than_and_overhead():
     slow.assert_overhead(fast, at_most=2.0)
     with pytest.raises(AssertionError, match=r"at most 1.1x the reference time per step"):
         slow.assert_overhead(fast, at_most=1.1)
-    with pytest.raises(ValueError):
+    with pytest.raises(jl.JaxlogError, match=r"assert_faster_than\(ratio=...\) must be a finite number > 0, got 0"):
         fast.assert_faster_than(slow, ratio=0)
+
+
+def test_timing_failures_are_timing_assertion_errors():
+    from pytest_jaxlog import JaxlogAssertionError
+
+    t = jl.Timings(wall_s=1.0, steps=10, compiles=2)
+    failures = [lambda: t.assert_compiles(1), lambda: t.assert_compiles(1, at_most=True),
+                lambda: t.assert_faster_than(jl.Timings(wall_s=1.0, steps=100)),
+                lambda: t.assert_overhead(jl.Timings(wall_s=1.0, steps=100), at_most=1.5)]
+    for fail in failures:
+        with pytest.raises(jl.TimingAssertionError) as info:
+            fail()
+        err = info.value
+        assert isinstance(err, jl.JaxlogError) and isinstance(err, AssertionError) and isinstance(err, JaxlogAssertionError)
+        assert str(err).startswith("[jaxlog] expected ")
+    t.assert_compiles(2)
+    t.assert_compiles(3, at_most=True)
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda t: t.assert_compiles(1.5), r"assert_compiles\(n\) must be an integer >= 0, got 1.5"),
+        (lambda t: t.assert_compiles(-1), r"must be an integer >= 0, got -1"),
+        (lambda t: t.assert_compiles(True), r"must be an integer >= 0, got True"),
+        (lambda t: t.assert_faster_than(t, ratio="2"), r"ratio=...\) must be a finite number > 0, got '2'"),
+        (lambda t: t.assert_faster_than("fast"), r"assert_faster_than\(other\): a reference in steps/s must be"),
+        (lambda t: t.assert_faster_than(-3.0), r"got -3.0"),
+        (lambda t: t.assert_overhead(t, at_most=float("inf")), r"at_most=...\) must be a finite number > 0, got inf"),
+        (lambda t: t.assert_overhead(None, at_most=1.1), r"assert_overhead\(limit\): a reference in seconds per step"),
+        (lambda t: CompileTracker(3), r"CompileTracker needs functions or names, got 3"),
+    ],
+)
+def test_user_mistakes_are_jaxlog_errors(call, match):
+    with pytest.raises(jl.JaxlogError, match=match) as info:
+        call(jl.Timings(wall_s=1.0, steps=10))
+    assert not isinstance(info.value, AssertionError)
+
+
+def test_tracker_opened_twice_is_a_jaxlog_error():
+    tracker = CompileTracker()
+    with tracker:
+        with pytest.raises(jl.JaxlogError, match="CompileTracker is already open"):
+            tracker.__enter__()
+
+
+def test_a_failing_compile_hook_is_reported_when_the_tracker_closes():
+    """A fault in our log-record bookkeeping must not break the user's compile, nor vanish: the
+    tracker warns that its counts may be short."""
+
+    class Broken(CompileTracker):
+        def _on_lowering(self, name, args, thread):
+            raise RuntimeError("bookkeeping broke")
+
+    step = _make_step()
+    x, w = jnp.ones(3), jnp.float32(2.0)  # made before: their eager programs are not the records counted below
+    with CompileTracker(step) as healthy:
+        with pytest.warns(jl.JaxlogRuntimeWarning, match=r"compile tracking failed to read 1 JAX compile log "
+                                                         r"record\(s\) \(RuntimeError: bookkeeping broke\)"):
+            with Broken(step) as tracker:
+                out, _ = step(x, w)
+    assert float(out[0]) == 3.0  # the compile itself went through
+    assert tracker.errors == ["RuntimeError: bookkeeping broke"]
+    assert healthy.count == 1 and healthy.errors == []  # another open tracker still saw it
 
 
 @settings(max_examples=60, deadline=None)
@@ -171,8 +237,8 @@ def test_timings_json_roundtrip_and_properties():
 
 
 def test_eager_ops_exclude_signatures_and_timeline(tmp_path):
-    from pytest_jaxlog._perfetto import Timeline
-    from pytest_jaxlog._trace import load_trace
+    from pytest_jaxlog import Timeline
+    from pytest_jaxlog import load_trace
 
     @jax.jit
     def helper(x):
@@ -211,7 +277,8 @@ def test_tracking_does_not_flood_users_log_handlers():
     import jax
     import jax.numpy as jnp
 
-    from pytest_jaxlog._timings import _COMPILE_LOGGER, CompileTracker
+    from pytest_jaxlog import CompileTracker
+    from pytest_jaxlog.profiling.timings import _COMPILE_LOGGER
 
     seen: list[logging.LogRecord] = []
 

@@ -10,8 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pytest_jaxlog._errors import JaxlogError
-from pytest_jaxlog._trace import find_jax_trace, load_trace
+from pytest_jaxlog import JaxlogError
+from pytest_jaxlog import load_trace
+from pytest_jaxlog.profiling.trace import find_jax_trace
 
 # What JAX 0.10.2 writes for StepTraceAnnotation("jaxlog_step", step_num=k) (see test_profile.py
 # for the same read from a real trace): a complete event whose step_num arg is a string.

@@ -1,0 +1,527 @@
+"""All of pytest-jaxlog's performance targets, measured side by side in one run.
+
+    python benchmarks/run.py             # everything (several minutes on 2 CPU cores)
+    python benchmarks/run.py --quick     # a smoke run: fewer steps and repeats (targets not judged)
+    python benchmarks/run.py --readme    # also rewrite the README's performance table
+    python benchmarks/run.py --only sparse,fixed
+
+Every measurement compares pytest-jaxlog with a reference computed in the same process (or, for
+compile times, in fresh processes started alternately), repeated ``--repeats`` times (at least 7)
+with the variants interleaved, so machine load hits both alike; a ratio is taken per repeat and
+the table shows the median and the min–max of those ratios. JAX's default backend is used (set
+``JAX_PLATFORMS`` to choose one): on a machine with a GPU the same command measures the GPU.
+
+Workloads ("standard": total and kinetic energy every step, positions every 10 steps, ``finite``
++ ``conserved`` invariants, the HDF5 writer into a temporary directory):
+
+- ``sparse``: 1024 oscillators, an expensive pairwise observable (``sum |x_i - x_j|``, 10^6 pairs)
+  recorded every 100 steps: ``jl.run`` against a nested scan that computes it only then
+  (target <= 1.05x);
+- ``fixed``: fixed costs. Host work per chunk: ``jl.run(chunk=1)`` (standard workload) against a
+  loop that only dispatches the same compiled chunk program, per step (target <= 100 us beyond
+  it; a loop of the bare jitted step is shown too). A 1,000-step and a 10,000-step oscillator run
+  (standard workload) against the scan computing the same records (target <= 1.5x at 1,000).
+  ``jl.Recorder`` in a hand-written loop (standard workload) against the same loop keeping the
+  same records with jitted views (target <= 1.5x);
+- ``compile``: LJ-64, the first ``jl.run`` against the first call of the scan computing the same
+  records, each in a fresh process after the package and JAX are warm (compile time = first call
+  less a second, warm call; target <= 1.2x); and whether a run of another length compiles
+  anything (target: nothing);
+- ``long``: the long runs: LJ-64 NVE for 20,000 steps (target <= 1.05x) and 1024 harmonic
+  oscillators for 200,000 steps (target <= 1.25x) against the scan computing the same records;
+- ``accelerator``: the GPU workload, an LJ fluid of 4,096 atoms and 10^6 oscillators: the bare
+  scan, the scan with the records, ``jl.run`` and ``jl.run`` with a 10-step profile window. It
+  runs when JAX's default backend is not the CPU (``--accelerator`` forces it; ``--quick`` on the
+  CPU runs it at small sizes, to check that the code runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax import lax  # noqa: E402
+
+import pytest_jaxlog as jl  # noqa: E402
+
+README = ROOT / "README.md"
+BEGIN, END = "<!-- benchmarks:begin -->", "<!-- benchmarks:end -->"
+
+
+# --------------------------------------------------------------------------------- results
+@dataclass
+class Row:
+    """One comparison: per-repeat ratios (jaxlog / reference), or per-repeat values in ``unit``."""
+
+    section: str
+    name: str
+    workload: str
+    values: list[float] = field(default_factory=list)
+    unit: str = "x"  # "x": a ratio; "us": microseconds
+    target: float | None = None
+    note: str = ""
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values) if self.values else float("nan")
+
+    def cell(self) -> str:
+        if not self.values:
+            return "n/a"
+        lo, hi = min(self.values), max(self.values)
+        if self.unit == "x":
+            return f"{self.median:.2f}x ({lo:.2f}–{hi:.2f})"
+        return f"{self.median:.0f} {self.unit} ({lo:.0f}–{hi:.0f})"
+
+    def verdict(self, judged: bool) -> str:
+        if self.target is None or not self.values:
+            return ""
+        if not judged:
+            return "(not judged)"
+        return "OK" if self.median <= self.target else "MISSED"
+
+    def target_text(self) -> str:
+        if self.target is None:
+            return ""
+        return f"<= {self.target:g}{'x' if self.unit == 'x' else ' ' + self.unit}"
+
+
+def timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def interleaved(variants: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+    """Seconds per call of each variant, ``repeats`` times, the variants interleaved (after one
+    warm-up call each: compilation excluded)."""
+    for fn in variants.values():
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for r in range(repeats):
+        order = list(variants) if r % 2 == 0 else list(reversed(variants))  # no variant always runs first
+        for k in order:
+            times[k].append(timed(variants[k]))
+    return times
+
+
+def ratios(times: dict[str, list[float]], num: str, den: str, scale: float = 1.0) -> list[float]:
+    return [a / b * scale for a, b in zip(times[num], times[den])]
+
+
+# --------------------------------------------------------------------------------- kernels
+def oscillators(n: int = 1024):
+    from kernels.oscillators import make_oscillators
+
+    step, state, total = make_oscillators(n=n)
+
+    def energy(s):
+        return {"total": total(s), "kinetic": jnp.sum(0.5 * s.v**2)}
+
+    return step, state, energy, (lambda s: s.x)
+
+
+def lj(n_side: int = 4):
+    from kernels.lj import make_lj
+
+    step, state, energies = make_lj(n_side=n_side)
+
+    def energy(s):
+        e = energies(s)
+        return {"total": e["total"], "kinetic": e["kinetic"]}
+
+    return step, state, energy, (lambda s: s.positions)
+
+
+def standard(energy, positions):
+    record = {"energy": energy, "positions": jl.Record(positions, every=10)}
+    invariants = (jl.finite("energy", "positions"), jl.conserved("energy/total", rtol=1e-2))
+    return record, invariants
+
+
+def scan_with_records(step, energy, positions, steps: int, every: int = 10):
+    """The limit: one jitted scan computing the same records (energies every step, positions
+    every ``every`` steps, and both on the initial state), kept on the device."""
+
+    @jax.jit
+    def run(s):
+        def inner(c, _):
+            c = step(c)
+            return c, energy(c)
+
+        def outer(c, _):
+            c, e = lax.scan(inner, c, None, length=every)
+            return c, (e, positions(c))
+
+        first = (energy(s), positions(s))
+        return first, lax.scan(outer, s, None, length=steps // every)
+
+    return run
+
+
+def bare_scan(step, steps: int):
+    @jax.jit
+    def run(s):
+        return lax.scan(lambda c, _: (step(c), None), s, None, length=steps)[0]
+
+    return run
+
+
+class Files:
+    """Fresh trajectory paths in one temporary directory, each removed after its run."""
+
+    def __init__(self, tmp: Path):
+        self.tmp, self.n = tmp, 0
+
+    def writer(self) -> "jl.HDF5Writer":
+        self.n += 1
+        path = self.tmp / f"t{self.n}.h5"
+        if path.exists():
+            path.unlink()
+        return jl.HDF5Writer(path)
+
+    def clean(self) -> None:
+        for p in self.tmp.glob("t*.h5"):
+            p.unlink()
+
+
+# --------------------------------------------------------------------------------- sections
+def section_sparse(args, rows: list[Row]) -> None:
+    steps = 2_000 if args.quick else 10_000
+    step, state, _, _ = oscillators(1024)
+
+    def pair(s):
+        return jnp.sum(jnp.abs(s.x[:, None] - s.x[None, :]))
+
+    @jax.jit
+    def nested(s):
+        def outer(c, _):
+            c = lax.scan(lambda c, _: (step(c), None), c, None, length=100)[0]
+            return c, pair(c)
+
+        return pair(s), lax.scan(outer, s, None, length=steps // 100)
+
+    record = {"pair": jl.Record(pair, every=100)}
+    times = interleaved({
+        "nested scan": lambda: jax.block_until_ready(nested(state)),
+        "jl.run": lambda: jl.run(step, state, steps, record=record, progress=False),
+    }, args.repeats)
+    rows.append(Row("sparse", "sparse record (every 100 steps)", f"1024 oscillators, sum |x_i - x_j| every 100 of "
+                    f"{steps:,} steps, vs a nested scan computing it then", ratios(times, "jl.run", "nested scan"),
+                    target=1.05))
+
+
+def _chunk_program_loop(step, state, record, steps: int):
+    """A loop that dispatches ``jl.run``'s own compiled chunk program one step at a time, chaining
+    its buffers as the driver does, and does nothing else: the dispatch that a ``chunk=1`` run
+    cannot avoid."""
+    import dataclasses
+
+    from pytest_jaxlog.drive import program
+    from pytest_jaxlog.drive import run as driver
+
+    lanes = driver._lanes(record, False, None)
+    cfg = driver.RunConfig(step=step, steps=steps, start_step=0, lanes=lanes, invariants=(), sinks=(), key=None,
+                           dt=None, chunk=1, profile=None, has_aux=False, batched=False, until=None,
+                           on_violation="raise", postmortem=3, progress=None, budget=driver.DEFAULT_BUDGET,
+                           timeline=None, donate=False)
+    plan, schema, shapes = driver._resolve(cfg, state)
+    plan = program.intern(dataclasses.replace(plan, **program.layout(plan.lanes, driver._capacity(cfg, schema))))
+    bufs = [program.buffers(plan, shapes)]
+    stopped = np.full((), -1, np.int32)
+
+    def loop():
+        s, fill = state, program.empty_fill(plan)
+        for k in range(steps):
+            if (k + 1) % plan.length == 0:
+                fill = program.empty_fill(plan)
+            out = program.chunk(plan, s, bufs[0], None, np.array([k, 1, 0], np.int32), fill, (), stopped)
+            s, bufs[0], fill = out["state"], out["bufs"], out["fill"]
+        jax.block_until_ready(s)
+
+    return loop
+
+
+def section_fixed(args, rows: list[Row], files: Files) -> None:
+    # host work per chunk: chunk=1 runs of two lengths (the difference leaves out the per-run costs)
+    n1 = 100 if args.quick else 300
+    for name, make in (("osc1024", oscillators), ("lj64", lj)):
+        step, state, energy, positions = make()
+        record, invs = standard(energy, positions)
+        jstep = jax.jit(step)
+
+        def step_loop(jstep=jstep, state=state):
+            s = state
+            for _ in range(n1):
+                s = jstep(s)
+            jax.block_until_ready(s)
+
+        def chunk1(n, step=step, state=state, record=record, invs=invs):
+            return lambda: jl.run(step, state, n, record=record, invariants=invs, chunk=1, sinks=[files.writer()],
+                                  progress=False)
+
+        times = interleaved({
+            "jitted step loop": step_loop,
+            "chunk program loop": _chunk_program_loop(step, state, record, n1),
+            "jl.run chunk=1": chunk1(n1),
+            "jl.run chunk=1, 3x": chunk1(3 * n1),
+        }, args.repeats)
+        files.clean()
+        per = {k: [t / n1 * 1e6 for t in v] for k, v in times.items()}
+        per["jl.run per chunk"] = [(a - b) / 2 for a, b in zip(per["jl.run chunk=1, 3x"], per["jl.run chunk=1"])]
+        rows.append(Row("fixed", f"host work per chunk, {name}", "jl.run(chunk=1), standard workload: us per step "
+                        f"(runs of {3 * n1} less runs of {n1} steps) beyond a loop dispatching the same chunk program",
+                        [a - b for a, b in zip(per["jl.run per chunk"], per["chunk program loop"])], unit="us",
+                        target=100.0))
+        rows.append(Row("fixed", f"chunk program dispatch, {name}", "us per step of that loop beyond a loop of the "
+                        "bare jitted step (the program's while loop, buffers and control transfer)",
+                        [a - b for a, b in zip(per["chunk program loop"], per["jitted step loop"])], unit="us"))
+    # short runs
+    step, state, energy, positions = oscillators(1024)
+    record, invs = standard(energy, positions)
+    for steps, target in ((1_000, 1.5), (10_000, None)):
+        ref = scan_with_records(step, energy, positions, steps)
+        times = interleaved({
+            "scan + records": lambda ref=ref: jax.block_until_ready(ref(state)),
+            "jl.run": lambda steps=steps: jl.run(step, state, steps, record=record, invariants=invs,
+                                                 sinks=[files.writer()], progress=False),
+            "jl.run, in memory": lambda steps=steps: jl.run(step, state, steps, record=record, invariants=invs,
+                                                            progress=False),
+        }, args.repeats)
+        files.clean()
+        rows.append(Row("fixed", f"{steps:,}-step run", f"1024 oscillators, standard workload, vs the scan computing "
+                        "the same records", ratios(times, "jl.run", "scan + records"), target=target))
+        rows.append(Row("fixed", f"{steps:,}-step run, in memory", "the same with a MemorySink instead of the HDF5 "
+                        "writer (the file's own creation and closing left out)",
+                        ratios(times, "jl.run, in memory", "scan + records"), target=target))
+    # the Recorder in a hand-written loop
+    steps = 200 if args.quick else 1_000
+    for name, make in (("osc1024", oscillators), ("lj64", lj)):
+        step, state, energy, positions = make()
+        record, invs = standard(energy, positions)
+        jstep, jenergy, jpositions = jax.jit(step), jax.jit(energy), jax.jit(positions)
+
+        def bare(jstep=jstep, jenergy=jenergy, jpositions=jpositions, state=state):
+            s = state
+            es, xs = [jenergy(s)], [jpositions(s)]
+            for k in range(1, steps + 1):
+                s = jstep(s)
+                es.append(jenergy(s))
+                if k % 10 == 0:
+                    xs.append(jpositions(s))
+            jax.device_get((es, xs))
+
+        def recorder(jstep=jstep, state=state, record=record, invs=invs):
+            s = state
+            with jl.Recorder(record, sinks=[files.writer()], invariants=invs) as rec:
+                rec.log(s, 0)
+                for k in range(1, steps + 1):
+                    s = jstep(s)
+                    rec.log(s, k)
+
+        times = interleaved({"python loop + records": bare, "jl.Recorder loop": recorder}, args.repeats)
+        files.clean()
+        rows.append(Row("fixed", f"jl.Recorder, {name}", f"{steps:,} steps of a hand-written loop, standard workload, "
+                        "vs the loop keeping the same records with jitted views",
+                        ratios(times, "jl.Recorder loop", "python loop + records"), target=1.5))
+
+
+def compile_child(which: str) -> None:
+    """In a fresh process: warm the package and JAX on a toy kernel, then time the first and a
+    warm call of LJ-64 (the scan with records, or jl.run with the standard workload)."""
+    with tempfile.TemporaryDirectory() as d:
+        files = Files(Path(d))
+        x = jnp.zeros(3)
+        jl.run(lambda s: s + 1.0, x, 3, record={"x": jl.Record(lambda s: s, every=2)}, sinks=[files.writer()],
+               invariants=(jl.finite("x"),), progress=False)
+        jax.block_until_ready(lax.scan(lambda c, _: (c + 1.0, c), x, None, length=3))
+        step, state, energy, positions = lj()
+        record, invs = standard(energy, positions)
+        steps = 1_000
+        if which == "scan":
+            fn = scan_with_records(step, energy, positions, steps)
+            first = timed(lambda: jax.block_until_ready(fn(state)))
+            warm = timed(lambda: jax.block_until_ready(fn(state)))
+            other = None
+        else:
+            def go(n):
+                return jl.run(step, state, n, record=record, invariants=invs, sinks=[files.writer()], progress=False)
+
+            first = timed(lambda: go(steps))
+            warm = timed(lambda: go(steps))
+            other = go(1_700).timings.compiles + go(250).timings.compiles
+        print(json.dumps({"first": first, "warm": warm, "other_lengths_compiles": other}))
+
+
+def section_compile(args, rows: list[Row]) -> None:
+    def child(which):
+        out = subprocess.run([sys.executable, __file__, "--compile-child", which], capture_output=True, text=True,
+                             check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    repeats = max(2, args.repeats if not args.quick else 2)
+    ratio, others = [], []
+    for r in range(repeats):
+        pair = {}
+        for which in (("scan", "run") if r % 2 == 0 else ("run", "scan")):
+            pair[which] = child(which)
+        ratio.append((pair["run"]["first"] - pair["run"]["warm"]) / (pair["scan"]["first"] - pair["scan"]["warm"]))
+        others.append(pair["run"]["other_lengths_compiles"])
+    rows.append(Row("compile", "first-call compile", "LJ-64, standard workload: first jl.run less a warm one, vs the "
+                    "first call of the scan computing the same records less a warm one (fresh processes)", ratio,
+                    target=1.2))
+    rows.append(Row("compile", "programs compiled by runs of other lengths", "LJ-64: runs of 1,700 and 250 steps "
+                    "after a 1,000-step run", [float(x) for x in others], unit="programs", target=0.0))
+
+
+def section_long(args, rows: list[Row], files: Files) -> None:
+    cases = (("lj64", lj, 2_000 if args.quick else 20_000, 1.05),
+             ("osc1024", oscillators, 20_000 if args.quick else 200_000, 1.25))
+    for name, make, steps, target in cases:
+        step, state, energy, positions = make()
+        record, invs = standard(energy, positions)
+        ref = scan_with_records(step, energy, positions, steps)
+        times = interleaved({
+            "scan + records": lambda ref=ref, state=state: jax.block_until_ready(ref(state)),
+            "jl.run": lambda step=step, state=state, record=record, invs=invs, steps=steps: jl.run(
+                step, state, steps, record=record, invariants=invs, sinks=[files.writer()], progress=False),
+        }, args.repeats)
+        files.clean()
+        label = {"lj64": "LJ-64 NVE", "osc1024": "1024 oscillators"}[name]
+        rows.append(Row("long", f"long run, {name}", f"{label}, {steps:,} steps, standard workload, vs the scan "
+                        "computing the same records", ratios(times, "jl.run", "scan + records"), target=target))
+
+
+def section_accelerator(args, rows: list[Row], files: Files) -> None:
+    small = args.quick and jax.default_backend() == "cpu"
+    cases = (("lj", lambda: lj(6 if small else 16), 200 if small else 2_000),
+             ("osc", lambda: oscillators(65_536 if small else 1_000_000), 1_000 if small else 10_000))
+    for name, make, steps in cases:
+        step, state, energy, positions = make()
+        record, invs = standard(energy, positions)
+        n = len(jax.tree_util.tree_leaves(state)[0])
+        label = f"LJ, {n:,} atoms" if name == "lj" else f"{n:,} oscillators"
+        bare = bare_scan(step, steps)
+        ref = scan_with_records(step, energy, positions, steps)
+        windows = [Path(tempfile.mkdtemp(dir=files.tmp))]
+
+        def profiled():
+            return jl.run(step, state, steps, record=record, invariants=invs, sinks=[files.writer()], progress=False,
+                          profile=jl.ProfileWindow(steps // 2, steps // 2 + 9, windows[0]))
+
+        times = interleaved({
+            "bare scan": lambda: jax.block_until_ready(bare(state)),
+            "scan + records": lambda: jax.block_until_ready(ref(state)),
+            "jl.run": lambda: jl.run(step, state, steps, record=record, invariants=invs, sinks=[files.writer()],
+                                     progress=False),
+            "jl.run + window": profiled,
+        }, args.repeats)
+        files.clean()
+        work = f"{label}, {steps:,} steps, standard workload on {jax.devices()[0].device_kind}"
+        rows.append(Row("accelerator", f"{name}: jl.run / scan + records", work, ratios(times, "jl.run", "scan + records")))
+        rows.append(Row("accelerator", f"{name}: jl.run / bare scan", work, ratios(times, "jl.run", "bare scan")))
+        rows.append(Row("accelerator", f"{name}: jl.run + 10-step profile window / scan + records", work,
+                        ratios(times, "jl.run + window", "scan + records")))
+
+
+# ------------------------------------------------------------------------------------ output
+def table(rows: list[Row], judged: bool) -> str:
+    lines = ["| measurement | workload | jaxlog vs reference: median (min–max) | target | |",
+             "|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.name} | {r.workload} | {r.cell()} | {r.target_text()} | {r.verdict(judged)} |")
+    return "\n".join(lines)
+
+
+def header(args) -> str:
+    dev = jax.devices()[0]
+    load = ""
+    if hasattr(os, "getloadavg"):
+        load = f", load average {os.getloadavg()[0]:.1f} at the end"
+    return (f"jax {jax.__version__}, backend {jax.default_backend()} ({dev.device_kind}), {os.cpu_count()} CPU cores"
+            f"{load}; {args.repeats} interleaved repeats{' (--quick)' if args.quick else ''}; "
+            f"{time.strftime('%Y-%m-%d')}")
+
+
+def write_readme(text: str) -> None:
+    readme = README.read_text()
+    if BEGIN not in readme or END not in readme:
+        raise SystemExit(f"README.md has no {BEGIN} ... {END} markers")
+    new = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: f"{BEGIN}\n{text}\n{END}", readme,
+                 flags=re.S)
+    README.write_text(new)
+
+
+SECTIONS = ("sparse", "fixed", "compile", "long", "accelerator")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer steps and repeats: a smoke run")
+    ap.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default 7; --quick 2)")
+    ap.add_argument("--only", default=None, help=f"comma-separated sections: {', '.join(SECTIONS)}")
+    ap.add_argument("--accelerator", action="store_true", help="run the accelerator section on the CPU too")
+    ap.add_argument("--readme", action="store_true", help="rewrite the README table between its markers")
+    ap.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    ap.add_argument("--compile-child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.compile_child:
+        compile_child(args.compile_child)
+        return
+    args.repeats = args.repeats or (2 if args.quick else 7)
+    if args.repeats < 7 and not args.quick:
+        raise SystemExit("--repeats: at least 7 (or --quick)")
+    only = SECTIONS if args.only is None else tuple(s.strip() for s in args.only.split(","))
+    unknown = set(only) - set(SECTIONS)
+    if unknown:
+        raise SystemExit(f"--only: unknown section(s) {sorted(unknown)}; sections: {', '.join(SECTIONS)}")
+    accelerator = jax.default_backend() != "cpu" or args.accelerator or args.quick
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory() as d:
+        files = Files(Path(d))
+        for name in only:
+            if name == "accelerator" and not accelerator:
+                print("accelerator: skipped (JAX's default backend is the CPU; --accelerator runs it anyway)")
+                continue
+            t0 = time.perf_counter()
+            print(f"{name} ...", end=" ", flush=True)
+            if name == "sparse":
+                section_sparse(args, rows)
+            elif name == "fixed":
+                section_fixed(args, rows, files)
+            elif name == "compile":
+                section_compile(args, rows)
+            elif name == "long":
+                section_long(args, rows, files)
+            else:
+                section_accelerator(args, rows, files)
+            print(f"{time.perf_counter() - t0:.0f} s")
+    text = header(args) + "\n\n" + table(rows, judged=not args.quick)
+    print()
+    print(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps([r.__dict__ for r in rows], indent=1))
+    if args.readme:
+        write_readme(text)
+        print(f"\nwrote the table into {README}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,519 @@
+"""``python -m pytest_jaxlog`` / ``jaxlog``: inspect, compare, summarise and plot what a run left.
+
+Exit codes: 0 fine, 1 the trajectories differ (``diff``), 2 bad input (a missing file, an unknown
+record, a missing optional dependency, a damaged or hostile file) with a one-line ``[jaxlog] ...``
+message on stderr and no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+from .errors import JaxlogError
+
+
+class UsageError(Exception):
+    """Bad input reported as one line on stderr, exit code 2."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m pytest_jaxlog",
+        description="Inspect, compare, summarise and plot pytest-jaxlog trajectories and traces.",
+        epilog="Exit codes: 0 ok, 1 trajectories differ (diff), 2 bad input.",
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    info = sub.add_parser("info", help="records, shapes, dtypes, steps, status, violation, provenance of a trajectory",
+                          description="Describe a jaxlog HDF5 trajectory: records (shape, dtype, steps), status, "
+                          "violation and provenance.")
+    info.add_argument("file", metavar="FILE", help="a jaxlog HDF5 trajectory (.h5)")
+    info.add_argument("--json", action="store_true", help="print the description as JSON")
+
+    diff = sub.add_parser("diff", help="compare two trajectories (exit 1 when they differ)",
+                          description="Compare trajectory A (obtained) with B (expected) using the same engine as "
+                          "jl.assert_trajectory_close: record sets, steps, shapes, dtypes, then values with "
+                          "|a-b| <= atol + rtol*|b|. Exit code 0 if they match, 1 if they differ.")
+    diff.add_argument("a", metavar="A", help="obtained trajectory (.h5)")
+    diff.add_argument("b", metavar="B", help="expected trajectory (.h5), e.g. a golden file")
+    diff.add_argument("--rtol", type=float, default=1e-7, help="relative tolerance (default 1e-7)")
+    diff.add_argument("--atol", type=float, default=0.0, help="absolute tolerance (default 0)")
+    diff.add_argument("--records", nargs="+", metavar="RECORD", help="compare only these records (names or prefixes)")
+    diff.add_argument("--steps", metavar="LO:HI[:STRIDE]", help="compare only steps LO <= step < HI (either may be empty)")
+    diff.add_argument("--nan-differs", action="store_true", help="treat NaN at the same position as a difference")
+
+    trace = sub.add_parser("trace", help="timings summary of a Perfetto/JAX trace",
+                           description="Summarise a trace (jaxlog .pftrace or JAX's perfetto_trace.json.gz / "
+                           "trace.json.gz): steps, median and p90 step time, XLA compilations, top slices.")
+    trace.add_argument("file", metavar="FILE", help="trace file")
+    trace.add_argument("--top", type=_count, default=10, help="how many slice names to list (default 10; 0: none)")
+
+    plot = sub.add_parser("plot", help="plot records against step (or time) into an image",
+                          description="Plot records of a trajectory, one subplot per record, against step "
+                          "(or time with --time). Needs matplotlib: pip install 'pytest-jaxlog[plot]'.")
+    plot.add_argument("file", metavar="FILE", help="a jaxlog HDF5 trajectory (.h5)")
+    plot.add_argument("records", nargs="*", metavar="RECORD", help="records to plot (default: every scalar record)")
+    plot.add_argument("-o", "--output", required=True, help="output image (.png, .svg, .pdf)")
+    plot.add_argument("--time", action="store_true", help="x axis is time (needs dt) instead of step")
+
+    summary = sub.add_parser("summary", help="the tests that failed or kept artifacts, from .jaxlog manifests (for CI)",
+                             description="Summarise the manifest.json files the pytest plugin writes (one per "
+                             "session, found recursively under each DIR): per test the outcome, violations, "
+                             "run timings, artifact files and goldens written, for a CI log or job summary. "
+                             "Exits 0 whatever the tests did, so it never fails a CI job by itself.")
+    summary.add_argument("roots", nargs="*", default=[".jaxlog"], metavar="DIR",
+                         help="artifact directories or manifest files (default: .jaxlog)")
+    summary.add_argument("--markdown", action="store_true", help="Markdown, e.g. >> \"$GITHUB_STEP_SUMMARY\"")
+    return p
+
+
+def _count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return n
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    if not (sys.argv[1:] if argv is None else list(argv)):  # bare `python -m pytest_jaxlog`: the commands
+        parser.print_help(sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
+    try:
+        return {"info": cmd_info, "diff": cmd_diff, "trace": cmd_trace, "plot": cmd_plot,
+                "summary": cmd_summary}[args.command](args)
+    except (UsageError, JaxlogError) as exc:
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if not msg.startswith("[jaxlog]"):
+            msg = f"[jaxlog] {msg}"
+        print(msg, file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `... | head`
+        return 0
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _existing(path: str, what: str = "file") -> Path:
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"[jaxlog] {what} {path} does not exist")
+    if p.is_dir():
+        raise UsageError(f"[jaxlog] {path} is a directory, not a {what}")
+    return p
+
+
+def _load(path: str):
+    p = _existing(path, "trajectory")
+    from .store.trajectory import load
+
+    try:
+        return load(p)
+    except JaxlogError:
+        raise
+    except Exception as exc:  # h5py/OS errors: not a jaxlog file, truncated, ...
+        raise UsageError(f"[jaxlog] cannot read trajectory {path}: {type(exc).__name__}: {exc}") from exc
+
+
+def _steps_summary(steps: np.ndarray) -> str:
+    n = len(steps)
+    if n == 0:
+        return "0 frames"
+    s = f"{n} frame{'s' if n != 1 else ''}, steps {int(steps[0])}..{int(steps[-1])}"
+    if n > 2:
+        d = np.diff(steps)
+        if (d == d[0]).all():
+            s += f" every {int(d[0])}"
+    return s
+
+
+def _leaf_info(traj, path: str) -> dict:
+    spec = None
+    schema = getattr(traj, "schema", None)
+    if schema is not None:
+        try:
+            spec = schema[path]
+        except (KeyError, TypeError):
+            spec = None
+    steps = np.asarray(traj.steps(path))
+    if spec is not None:
+        shape, dtype = tuple(spec.shape), np.dtype(spec.dtype).name
+        key_impl = getattr(spec, "key_impl", None)
+    else:
+        vals = np.asarray(traj[path])
+        shape, dtype, key_impl = vals.shape[1:], vals.dtype.name, None
+    return {"path": path, "shape": list(shape), "dtype": dtype, "key_impl": key_impl,
+            "frames": int(len(steps)), "first_step": int(steps[0]) if len(steps) else None,
+            "last_step": int(steps[-1]) if len(steps) else None, "steps": _steps_summary(steps)}
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def cmd_info(args) -> int:
+    traj = _load(args.file)
+    leaves = [_leaf_info(traj, p) for p in traj.records]
+    post = traj.postmortem or {}  # read before printing: a damaged or hostile attachment is exit 2
+    checkpoints = sorted(traj.attachment("checkpoint"))
+    desc = {
+        "file": str(args.file),
+        "status": getattr(traj, "status", None),
+        "stop_reason": traj.stop_reason,
+        "steps_done": getattr(traj, "steps_done", None),
+        "checkpoints": checkpoints,
+        "violation": getattr(traj, "violation", None),
+        "records": leaves,
+        "provenance": getattr(traj, "provenance", None) or {},
+    }
+    if args.json:
+        print(json.dumps(desc, indent=2, default=str))
+        return 0
+    print(f"{args.file}")
+    note = "  (not closed: the run was killed or is still going; frames flushed so far are here)" \
+        if desc["status"] == "running" else ""
+    why = f"   stopped by: {desc['stop_reason']}" if desc["stop_reason"] not in (None, "steps") else ""
+    print(f"  status: {desc['status']}   steps done: {desc['steps_done']}{why}{note}")
+    v = desc["violation"]
+    if v:
+        msg = v.get("message") if isinstance(v, dict) else None
+        if msg:
+            print(f"  violation: {msg.splitlines()[0]}")
+        else:
+            print("  violation: " + ", ".join(f"{k}={v[k]}" for k in ("invariant", "record", "step", "system") if isinstance(v, dict) and v.get(k) is not None))
+    else:
+        print("  violation: none")
+    print(f"  records ({len(leaves)}):")
+    w = max([len(x["path"]) for x in leaves] + [6])
+    for x in leaves:
+        shape = "(" + ", ".join(map(str, x["shape"])) + ("," if len(x["shape"]) == 1 else "") + ")"
+        dtype = x["dtype"] + (f" (key {x['key_impl']})" if x["key_impl"] else "")
+        print(f"    {x['path']:<{w}}  {dtype:<9} {shape:<14} {x['steps']}")
+    if checkpoints:
+        resumable = "" if desc["status"] == "complete" else "  (jl.resume continues from the newest)"
+        shown = ", ".join(map(str, checkpoints[-8:])) + (f" ... {len(checkpoints)} in all" if len(checkpoints) > 8 else "")
+        print(f"  checkpoints: steps {shown}{resumable}")
+    if post:
+        steps = sorted(post)
+        paths = sorted({p for tree in post.values() for p in tree})
+        print(f"  postmortem states: steps {', '.join(map(str, steps))} ({', '.join(paths)})")
+    prov = desc["provenance"]
+    if prov:
+        print("  provenance:")
+        for k in sorted(prov):
+            val = prov[k]
+            if isinstance(val, (dict, list)):
+                val = json.dumps(val, default=str)
+            print(f"    {k}: {val}")
+    return 0
+
+
+def _parse_steps(text: str | None):
+    if text is None:
+        return None
+    parts = text.split(":")
+    if len(parts) not in (2, 3):
+        raise UsageError(f"[jaxlog] --steps takes LO:HI or LO:HI:STRIDE, got {text!r}")
+    try:
+        nums = [int(x) if x.strip() else None for x in parts]
+    except ValueError:
+        raise UsageError(f"[jaxlog] --steps takes integers LO:HI[:STRIDE], got {text!r}") from None
+    return slice(*nums)
+
+
+def cmd_diff(args) -> int:
+    from .golden import diff_trajectories
+
+    a, b = _load(args.a), _load(args.b)
+    d = diff_trajectories(a, b, rtol=args.rtol, atol=args.atol, records=args.records,
+                          steps=_parse_steps(args.steps), equal_nan=not args.nan_differs)
+    print(d.report())
+    return 0 if d.ok else 1
+
+
+# trace ----------------------------------------------------------------------
+
+# One slice per XLA compilation, by trace kind: JAX's TraceMe around the backend compile (any
+# backend), else the PJRT client's Compile; in our .pftrace, slices on the driver's "compile" track.
+_COMPILE_SLICES = ("backend_compile_and_load", "backend_compile")
+_CLIENT_COMPILE = "Client::Compile"
+
+
+def _durations(steps_obj) -> np.ndarray:
+    if steps_obj is None:
+        return np.zeros(0)
+    if isinstance(steps_obj, dict):
+        return np.asarray([float(steps_obj[k]) for k in sorted(steps_obj)], float)
+    return np.asarray(steps_obj, float).ravel()
+
+
+def _fmt_s(s: float) -> str:
+    if s >= 1:
+        return f"{s:.3f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3f} ms"
+    return f"{s * 1e6:.1f} us"
+
+
+def _compiles(slices) -> tuple[int, float]:
+    for pick in (
+        lambda s: s.name in _COMPILE_SLICES,
+        lambda s: s.name.endswith(_CLIENT_COMPILE),
+        lambda s: getattr(s, "track", "") == "compile",
+    ):
+        hit = [s for s in slices if pick(s)]
+        if hit:
+            return len(hit), float(sum(s.dur_s for s in hit))
+    return 0, 0.0
+
+
+class _Rate(NamedTuple):
+    steps: int
+    seconds: float
+
+
+def _dispatch_rate(slices) -> _Rate | None:
+    """Steps per second from our timeline (a run without a profile window): the steps whose
+    frames were pulled ("frames a..b" host slices), over the time from the first dispatch to the
+    last pull, less the compilations on the "compile" track."""
+    pulled = [(s, re.fullmatch(r"frames (\d+)\.\.(\d+)", s.name)) for s in slices]
+    pulled = [(s, m) for s, m in pulled if m]
+    dispatched = [s for s in slices if re.fullmatch(r"steps \d+\.\.\d+", s.name)]
+    if not pulled or not dispatched:
+        return None
+    steps = sum(int(m.group(2)) - int(m.group(1)) + 1 for _, m in pulled)
+    start, end = min(s.start_s for s in dispatched), max(s.start_s + s.dur_s for s, _ in pulled)
+    compiling = sum(s.dur_s for s in slices if s.track == "compile" and start <= s.start_s <= end)
+    seconds = end - start - compiling
+    return _Rate(steps, seconds) if steps and seconds > 0 else None
+
+
+def cmd_trace(args) -> int:
+    path = Path(args.file)
+    if not path.exists():
+        raise UsageError(f"[jaxlog] trace {args.file} does not exist")
+    if path.is_file() and path.stat().st_size == 0:  # parses as an empty protobuf: not "0 steps"
+        raise UsageError(f"[jaxlog] trace {args.file} is empty (0 bytes): the run that wrote it did not finish")
+    from .profiling.trace import load_trace
+
+    try:
+        trace = load_trace(path)
+    except JaxlogError:
+        raise
+    except Exception as exc:
+        raise UsageError(f"[jaxlog] cannot read trace {args.file}: {type(exc).__name__}: {exc}") from exc
+    steps = trace.steps()
+    durs = _durations(steps)
+    span = f" (steps {min(steps)}..{max(steps)})" if isinstance(steps, dict) and steps else ""
+    slices = list(trace.slices())
+    print(f"{args.file}")
+    if len(durs):
+        print(f"  steps: {len(durs)}{span}   median {_fmt_s(float(np.median(durs)))}   "
+              f"p90 {_fmt_s(float(np.percentile(durs, 90)))}   min {_fmt_s(float(durs.min()))}   "
+              f"max {_fmt_s(float(durs.max()))}   total {_fmt_s(float(durs.sum()))}")
+    else:
+        rate = _dispatch_rate(slices)
+        if rate is None:
+            print("  steps: 0 (no jaxlog_step annotations in this trace)")
+        else:
+            print(f"  steps: {rate.steps} in {_fmt_s(rate.seconds)} ({rate.steps / rate.seconds:.4g} steps/s from the run's "
+                  f"timeline, compilation left out; no profile window, so no per-step times)")
+    n_compiles, compile_s = _compiles(slices)
+    if n_compiles or getattr(trace, "format", "") != "pftrace" or "compile" in getattr(trace, "tracks", ()):
+        print(f"  compilations: {n_compiles}" + (f" ({_fmt_s(compile_s)})" if n_compiles else ""))
+    else:
+        print("  compilations: not recorded in this trace (run.timings.compiles has them; a profile window's "
+              "JAX trace shows XLA compiles)")
+    totals: dict[str, list[float]] = {}
+    for s in slices:
+        if s.name.startswith("$"):  # Python-tracer frames: nested, numerous, not what a step costs
+            continue
+        t = totals.setdefault(s.name, [0.0, 0])
+        t[0] += s.dur_s
+        t[1] += 1
+    if totals and args.top > 0:
+        top = sorted(totals.items(), key=lambda kv: -kv[1][0])[: args.top]
+        print(f"  top slices by total time ({len(slices)} slices):")
+        w = min(max(len(name) for name, _ in top), 60)
+        for name, (total, count) in top:
+            print(f"    {name[:60]:<{w}}  {int(count):>7}x  {_fmt_s(total):>11}  (mean {_fmt_s(total / count)})")
+    return 0
+
+
+# plot -----------------------------------------------------------------------
+
+
+def cmd_plot(args) -> int:
+    traj = _load(args.file)
+    from .golden import select_records
+
+    if args.records:
+        paths = select_records(args.records, traj)
+    else:
+        paths = tuple(p for p in traj.records if int(np.prod(_leaf_info(traj, p)["shape"], dtype=np.int64)) == 1)
+        if not paths:
+            raise UsageError(f"[jaxlog] {args.file} has no scalar records; name the records to plot")
+    try:
+        import matplotlib
+    except ImportError:
+        raise UsageError("[jaxlog] plot needs matplotlib, which is not installed: pip install 'pytest-jaxlog[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    out = Path(args.output)
+    if out.is_dir():
+        raise UsageError(f"[jaxlog] output {args.output} is a directory; name the image file, e.g. {out / 'plot.png'}")
+    if not out.suffix:  # matplotlib would write <name>.png and we would report <name>
+        out = out.with_name(out.name + ".png")
+    supported = FigureCanvasAgg.get_supported_filetypes()
+    if out.suffix[1:].lower() not in supported:
+        raise UsageError(f"[jaxlog] cannot write {out.suffix} images; use one of: "
+                         + ", ".join(f".{k}" for k in sorted(supported)))
+    if out.parent and not out.parent.exists():
+        raise UsageError(f"[jaxlog] output directory {out.parent} does not exist")
+
+    fig, axes = plt.subplots(len(paths), 1, figsize=(8, 2.4 * len(paths) + 0.6), sharex=True, squeeze=False)
+    xlabel = "step"
+    for ax, path in zip(axes[:, 0], paths):
+        y = np.asarray(traj[path])
+        if y.dtype.kind == "V" or y.dtype.name == "bfloat16":
+            y = y.astype(np.float32)
+        if y.dtype.kind == "c":
+            y = np.abs(y)
+        x = np.asarray(traj.steps(path))
+        if args.time:
+            t = traj.time(path)
+            if t is None:
+                raise UsageError(f"[jaxlog] record {path!r} has no time (the run had no dt); plot against step")
+            x, xlabel = np.asarray(t), "time"
+        flat = y.reshape(len(y), -1).astype(np.float64)
+        if flat.shape[1] <= 8:
+            for j in range(flat.shape[1]):
+                ax.plot(x, flat[:, j], lw=1, label=None if flat.shape[1] == 1 else str(np.unravel_index(j, y.shape[1:])))
+            if flat.shape[1] > 1:
+                ax.legend(fontsize="x-small", ncol=4)
+        else:
+            with np.errstate(invalid="ignore"):
+                ax.fill_between(x, np.nanmin(flat, 1), np.nanmax(flat, 1), alpha=0.3, label="min..max")
+                ax.plot(x, np.nanmean(flat, 1), lw=1, label="mean")
+            ax.legend(fontsize="x-small")
+        ax.set_ylabel(path, fontsize="small")
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel(xlabel)
+    status = getattr(traj, "status", None)
+    fig.suptitle(f"{Path(args.file).name}" + (f" ({status})" if status else ""), fontsize="medium")
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    print(f"wrote {out} ({len(paths)} record{'s' if len(paths) != 1 else ''})")
+    return 0
+
+
+# summary --------------------------------------------------------------------
+
+_PERFETTO_UI = "https://ui.perfetto.dev"
+_QUIET_OUTCOMES = ("passed", "skipped", "xfailed")
+
+
+def _manifests(roots: Sequence[str]) -> list[tuple[Path, dict]]:
+    """(path, document) of every manifest.json under ``roots``; unreadable ones are named on stderr."""
+    out = []
+    for root in roots:
+        r = Path(root)
+        files = [r] if r.is_file() else sorted(r.rglob("manifest.json")) if r.is_dir() else []
+        for f in files:
+            try:
+                doc = json.loads(f.read_text())
+                if not isinstance(doc, dict):
+                    raise ValueError("not a JSON object")
+            except (OSError, ValueError) as exc:
+                print(f"[jaxlog] skipping unreadable manifest {f}: {exc}", file=sys.stderr)
+                continue
+            out.append((f, doc))
+    return out
+
+
+def _in_manifest(base: Path, rel: str) -> str:
+    """A manifest path (relative to the manifest's directory) as seen from the working directory."""
+    return os.path.normpath(base / rel)
+
+
+def _run_line(r: dict) -> str:
+    rate = r.get("steps_per_s")
+    rate = f", {rate:.4g} steps/s" if isinstance(rate, (int, float)) else ""
+    wall = r.get("wall_s")
+    wall = f" in {wall:.3g} s" if isinstance(wall, (int, float)) else ""
+    n = r.get("compiles")
+    return f"run {r.get('name')}: {r.get('steps')} steps{wall}{rate}, {n} compile{'' if n == 1 else 's'}"
+
+
+def summarize(manifests: list[tuple[Path, dict]], markdown: bool) -> str:
+    if not manifests:
+        return "[jaxlog] no manifest.json found (no jaxlog test ran, or the directory is not the jaxlog dir)\n"
+    h = "### " if markdown else ""
+    code = (lambda s: f"`{s}`") if markdown else (lambda s: str(s))
+    item, sub = ("- ", "  - ") if markdown else ("  ", "      ")
+    lines: list[str] = []
+    traces = 0
+    for path, doc in manifests:
+        base = path.parent
+        tests = [t for t in doc.get("tests", ()) if isinstance(t, dict) and "nodeid" in t]
+        bad = [t for t in tests if t.get("outcome") not in _QUIET_OUTCOMES]
+        kept = [t for t in tests if t.get("kept")]
+        lines.append(f"{h}jaxlog: {base}")
+        lines.append(f"{len(tests)} jaxlog tests, {len(bad)} not passed, artifacts kept for {len(kept)} "
+                     f"(keep={doc.get('settings', {}).get('keep')}); exit status {doc.get('exitstatus')}")
+        if markdown:
+            lines.append("")
+        shown = sorted({t["nodeid"]: t for t in bad + kept}.values(),
+                       key=lambda t: (t.get("outcome") == "passed", t["nodeid"]))
+        for t in shown:
+            lines.append(f"{item}{str(t.get('outcome', '?')).upper()} {code(t['nodeid'])}")
+            if t.get("error"):
+                lines.append(f"{sub}error: {t['error']}")
+            for v in t.get("violations") or []:
+                msg = v.get("message") if isinstance(v, dict) else str(v)
+                if msg:
+                    lines.append(f"{sub}violation: {msg.splitlines()[0]}")
+            for r in t.get("runs") or []:
+                if isinstance(r, dict):
+                    lines.append(f"{sub}{_run_line(r)}")
+            for kind, rel in sorted((t.get("artifacts") or {}).items()):
+                if "trace" in kind or "timeline" in kind or str(rel).endswith((".pftrace", ".json.gz")):
+                    traces += 1
+                lines.append(f"{sub}{kind}: {code(_in_manifest(base, rel))}")
+        goldens = [(g.get("status"), _in_manifest(base, g.get("path", ""))) for t in tests
+                   for g in t.get("goldens") or [] if g.get("status") in ("regenerated", "created")]
+        for status, p in sorted(goldens):
+            lines.append(f"{item}{status} golden: {code(p)}")
+        stale = [s for s in doc.get("stale") or [] if isinstance(s, dict)]
+        if stale:
+            lines.append(f"{item}{len(stale)} artifact directories from an earlier session (stale), e.g. "
+                         f"{code(_in_manifest(base, stale[0].get('dir', '')))}")
+        if markdown:
+            lines.append("")
+    lines.append(f"Inspect a trajectory: {code('python -m pytest_jaxlog info FILE.h5')} "
+                 f"(also diff, plot; {code('python -m pytest_jaxlog trace TRACE')} for timings).")
+    if traces:
+        lines.append(f"Open a trace: download this job's artifact and drop the .pftrace / perfetto_trace.json.gz "
+                     f"file on {_PERFETTO_UI} (Open trace file); it is processed in your browser.")
+    return "\n".join(lines) + "\n"
+
+
+def cmd_summary(args) -> int:
+    sys.stdout.write(summarize(_manifests(args.roots), args.markdown))
+    return 0

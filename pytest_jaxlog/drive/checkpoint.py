@@ -1,0 +1,231 @@
+"""Checkpoints and resume: a run continues bit-for-bit from the newest checkpoint in its file.
+
+A checkpoint at step ``k`` is an attachment ``checkpoint/<k>`` of the trajectory file: the full
+state (key paths, typed keys noted) and, written last, ``jaxlog_checkpoint``: what else the run
+needs to go on exactly as if it had not stopped (the key, the invariants' running state and first
+violation, the ``until=`` flags, the run's settings to check a resume against). The writer
+writes attachments after every frame handed over before them, and a checkpoint counts only once
+its ``jaxlog_checkpoint`` entry is in the file, so a checkpoint that is visible has every frame up
+to its step on disk.
+
+Schedules are pure functions of the step number, and the step's key is ``fold_in(key, k)``:
+nothing else about the run's progress needs saving. ``jl.resume`` copies the frames up to the
+checkpoint into a new file that replaces the old one only once it is valid (the old one is read
+through a second name meanwhile), then runs from the checkpoint into it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import JaxlogError
+
+META = "jaxlog_checkpoint"  # the attachment entry that completes a checkpoint (written last)
+NAME = "checkpoint"
+COPY_STEPS = 10_000  # frames copied per batch on resume (bounded memory)
+
+
+@dataclass
+class CheckpointMeta:
+    """What a checkpoint holds besides the state, as JSON."""
+
+    step: int
+    step_fn: str
+    key: list | None
+    key_impl: str | None
+    invariants: list[dict]
+    active: list[int]  # invariants still checked (warn/record modes drop one at its violation)
+    violation: dict | None
+    done: list | bool | None  # until= flags
+    systems_done: list | None
+    state_leaves: dict[str, list]  # path -> [shape, dtype], for a resume's state check
+    treedef: str
+    x64: bool
+    schema: dict = field(default_factory=dict)
+    dt: float | None = None
+
+    def encode(self) -> np.ndarray:
+        return np.frombuffer(json.dumps(asdict(self)).encode(), dtype=np.uint8).copy()
+
+    @classmethod
+    def decode(cls, raw: np.ndarray, where: str) -> "CheckpointMeta":
+        try:
+            data = json.loads(bytes(np.asarray(raw, dtype=np.uint8)).decode())
+            return cls(**data)
+        except (ValueError, TypeError, UnicodeDecodeError) as e:
+            raise JaxlogError(f"{where}: the checkpoint's {META} entry is not valid ({e})") from None
+
+
+def step_name(step: Any) -> str:
+    """How a resume recognises the step function: its module and qualified name."""
+    fn = getattr(step, "__wrapped__", step)
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+
+
+def checkpoints(traj: Any) -> dict[int, tuple[dict, CheckpointMeta]]:
+    """The file's complete checkpoints: ``{step: (state paths, meta)}``, oldest first. A
+    checkpoint group a killed writer left half-written does not read: it is no checkpoint."""
+    out = {}
+    for step, flat in traj.attachment(NAME, skip_damaged=True).items():
+        if META in flat:
+            meta = CheckpointMeta.decode(flat[META], f"{traj.path} checkpoint at step {step}")
+            out[step] = ({p: v for p, v in flat.items() if p != META}, meta)
+    return out
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where ``jl.resume`` continues a run: the old file (read through ``source``) up to ``step``."""
+
+    source: Path
+    step: int
+    meta: CheckpointMeta
+
+
+def prepare(path: str | os.PathLike, from_step: int | None) -> tuple[Any, ResumePoint, dict]:
+    """Open the trajectory at ``path`` for a resume: the checkpoint to continue from (the newest,
+    or ``from_step``) and its stored state. The old file gets a second name, so it can be read
+    while the resumed run's new file replaces it."""
+    from ..store.trajectory import load
+
+    path = Path(path)
+    traj = load(path)
+    found = checkpoints(traj)
+    if traj.status == "complete" and traj.stop_reason in (None, "steps", "until") and from_step is None:
+        raise JaxlogError(f"{path}: the run ended complete at step {traj.steps_done} "
+                          f"({traj.stop_reason or 'steps'}): there is nothing to resume")
+    if not found:
+        raise JaxlogError(f"{path} holds no checkpoint to resume from (run with checkpoint=jl.every(n))")
+    if from_step is not None and from_step not in found:
+        raise JaxlogError(f"{path} has no checkpoint at step {from_step} (checkpoints: {sorted(found)})")
+    damage = None
+    for step in sorted(found, reverse=True) if from_step is None else [int(from_step)]:
+        try:  # every frame up to it must read: a kill while a chunk holding them was rewritten damages it
+            copy_frames(path, step, traj.schema, lambda frames: None)
+            break
+        except JaxlogError as exc:
+            damage = exc
+    else:
+        raise JaxlogError(f"{path}: no checkpoint has all its frames intact, nothing to resume from ({damage})")
+    flat, meta = found[step]
+    source = path.with_name(f".{path.name}.resume-{os.getpid()}")
+    if source.exists():
+        source.unlink()
+    os.link(path, source)
+    return traj, ResumePoint(source=source, step=step, meta=meta), flat
+
+
+def check_against(point: ResumePoint, *, step_fn: Any, schema: Any, state: Any, key: Any, dt: Any,
+                  n_invariants: int) -> None:
+    """Refuse a resume whose arguments differ from the run the file holds, naming what differs
+    (``schema=None``: before the step is traced, all but the records)."""
+    import jax
+
+    meta = point.meta
+    where = f"resume from {point.source.name.split('.resume-')[0].lstrip('.')} step {point.step}"
+    problems = []
+    if step_name(step_fn) != meta.step_fn:
+        problems.append(f"step function {step_name(step_fn)} (the file's run used {meta.step_fn})")
+    if bool(jax.config.jax_enable_x64) != meta.x64:
+        problems.append(f"x64 is {'on' if jax.config.jax_enable_x64 else 'off'} (the file's run had it "
+                        f"{'on' if meta.x64 else 'off'})")
+    if schema is not None and schema.to_json() != meta.schema:
+        old = {leaf["path"]: leaf for leaf in meta.schema.get("leaves", [])}
+        new = {leaf["path"]: leaf for leaf in schema.to_json().get("leaves", [])}
+        diff = sorted(set(old) ^ set(new)) + sorted(p for p in set(old) & set(new) if old[p] != new[p])
+        problems.append(f"records differ ({', '.join(diff) or 'batched or dt'}: record set, shape, dtype or schedule)")
+    if (dt is None) != (meta.dt is None) or (dt is not None and float(dt) != meta.dt):
+        problems.append(f"dt={dt} (the file's run had dt={meta.dt})")
+    leaves = state_leaves(state)
+    if leaves != meta.state_leaves:
+        diff = sorted(set(leaves) ^ set(meta.state_leaves)) + sorted(
+            p for p in set(leaves) & set(meta.state_leaves) if leaves[p] != meta.state_leaves[p])
+        problems.append(f"the state differs in {', '.join(diff[:6])} (structure, shape or dtype)")
+    if (key is None) != (meta.key is None):
+        problems.append("key= given" if key is not None else "no key= (the file's run had one)")
+    elif key is not None:
+        data, impl = key_record(key)
+        if data != meta.key or impl != meta.key_impl:
+            problems.append("a different key= than the file's run")
+    if n_invariants != len(meta.invariants):
+        problems.append(f"{n_invariants} invariants (the file's run checked {len(meta.invariants)})")
+    if problems:
+        raise JaxlogError(f"{where}: refused, it does not match the run in the file: " + "; ".join(problems))
+
+
+def state_leaves(state: Any) -> dict[str, list]:
+    """``{"state/<path>": [shape, dtype]}`` of a state (typed keys as their key data)."""
+    from .resolve import flatten_view
+
+    return {p: [list(np.shape(v)), str(np.dtype(v.dtype))] for p, v in flatten_view("state", state).items()}
+
+
+def key_record(key: Any) -> tuple[list, str | None]:
+    """A run's key as JSON-able data and impl (typed or raw uint32 keys)."""
+    import jax
+
+    if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        return np.asarray(jax.random.key_data(key)).tolist(), str(jax.random.key_impl(key))
+    return np.asarray(key).tolist(), None
+
+
+def rebuild_state(flat: dict, impls: dict, like: Any, meta: CheckpointMeta, where: str) -> Any:
+    """The checkpoint's state: as ``like``'s pytree when given, else from the stored key paths
+    (nested dicts, which is exact for states made of dicts)."""
+    from ..store.trajectory import _nest, _rebuild
+
+    if like is not None:
+        return _rebuild(flat, impls, like, where=where)
+    if not meta.treedef.startswith("PyTreeDef({") or any(c in meta.treedef for c in ("CustomNode", "namedtuple")):
+        raise JaxlogError(f"{where}: the state is not a dict of arrays ({meta.treedef[:80]}...): pass like=<a state "
+                          "of the kernel's own type>, e.g. the initial state")
+    import jax
+
+    out = {}
+    for p, v in flat.items():
+        impl = impls.get(p)
+        out[p] = jax.random.wrap_key_data(v, impl=impl) if impl else v
+    return out.get("state") if "state" in out else _nest(out, "state")
+
+
+def copy_frames(source: Path, upto: int, schema: Any, write) -> None:
+    """Hand the old file's frames at steps ``<= upto`` to ``write`` in step order, in batches of
+    ``COPY_STEPS`` steps (memory stays bounded for any file)."""
+    from ..record.frames import Frames
+    from ..store.trajectory import load
+
+    old = load(source)
+    steps = {p: old.steps(p) for p in schema.paths}
+    ends = {p: int(np.searchsorted(s, upto, side="right")) for p, s in steps.items()}
+    lo = 0
+    while True:
+        hi = lo + COPY_STEPS
+        batch = Frames()
+        for p in schema.paths:
+            s = steps[p][: ends[p]]
+            a, b = np.searchsorted(s, lo, side="left"), np.searchsorted(s, hi, side="left")
+            if b > a:
+                batch.add(p, s[a:b], old[p, slice(int(a), int(b))])
+        if len(batch):
+            write(batch)
+        if all(len(steps[p]) == 0 or steps[p][: ends[p]].size == 0 or steps[p][ends[p] - 1] < hi for p in schema.paths):
+            break
+        lo = hi
+
+
+def copy_attachments(source: Path, upto: int, attach) -> None:
+    """The old file's checkpoints and post-mortem states at steps ``<= upto``."""
+    from ..store.trajectory import load
+
+    old = load(source)
+    for name in (NAME, "postmortem"):
+        impls = old.attachment_key_impls(name)
+        for step, tree in old.attachment(name, skip_damaged=True).items():
+            if step <= upto:
+                attach(name, step, tree, key_impls={p: i for p, i in impls.items() if p in tree} or None)

@@ -1,0 +1,281 @@
+"""Chunks in flight: the record buffers they write, when the host pulls them, and the frames.
+
+Why consecutive chunks share one set of buffers (a *fill*): the chunk program writes into record
+buffers it is given (donated) from where the previous chunk left off, so a run of short chunks
+(``chunk=1``, profile-window steps) needs one set of buffers for ``C`` steps, not one per chunk,
+and the host pulls them together. A chunk that does not fit starts a new set; the full one is
+pulled while the new chunk runs (a long chunk fills a set by itself: it is pulled while the next
+one runs, as before).
+
+Why the host does not pull after every short chunk: a short chunk costs the device
+microseconds, and a pull (transfer, frames, invariants, a hand-over to the writer thread) costs
+the host much more. The set being filled is closed (the next chunk starts a new one, and the
+closed one is pulled while that chunk runs) when ``FEED_INTERVAL_S`` has passed since the last
+pull (the progress bar, ``until=`` and the invariants stay responsive), or when the chunks written
+into it hold, with the chunk-start states kept for a post-mortem, the memory budget, or number
+``MAX_WAITING``.
+
+Why buffers are reused: a pulled set goes back to the pool for a later fill, so a run allocates
+two or three sets, and a few spare sets are kept between runs (up to ``POOL_BYTES``): a test that
+runs the same kernel again allocates nothing. On the CPU the pulled rows are copied out through
+DLPack (the copy releases the buffer, which can then be donated again: a zero-copy numpy view
+would pin it); on accelerators a full set comes to the host whole (its transfer started as soon
+as it is full), a partly filled one as the rows used.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+
+from ..record.frames import Frames, concat_values
+from . import program
+from .program import Plan
+
+MAX_WAITING = 256  # chunks written into the set being filled, at most, before it is pulled
+FEED_INTERVAL_S = 0.05  # pull at least this often (progress, until=, invariants)
+POOL_BYTES = 64 * 2**20  # spare record buffers kept between runs
+_SHORT = 4  # accelerators: a set holding less than 1/_SHORT of its rows transfers only the rows used
+
+_SPARE: "OrderedDict[tuple, list[dict]]" = OrderedDict()  # buffer layout -> spare sets, oldest first
+_SPARE_BYTES = [0]
+
+
+@dataclass
+class Chunk:
+    """One dispatch: work steps ``k0 .. k0+length-1``."""
+
+    k0: int
+    length: int
+    start_state: Any  # the chunk-start state (None when donated)
+    start_stopped: Any  # until=: where the run (each system) stopped, -1 while going on, at the chunk start
+    t_dispatched: int
+
+    @property
+    def end(self) -> int:
+        return self.k0 + self.length
+
+
+@dataclass
+class Fill:
+    """The chunks that wrote into one set of buffers, in step order; ``out`` is the newest one's
+    outputs (the buffers, ``fill``, where ``until=`` stopped the run)."""
+
+    k0: int  # row r of the set is step k0 + r
+    flags: int  # the first chunk's flags (whether row 0 / the first slots hold the initial frame)
+    chunks: list[Chunk] = field(default_factory=list)
+    out: dict | None = None
+    rows: int = 0  # steps dispatched into it (rows 1..rows, if every chunk ran all its steps)
+    closed: bool = False  # no more chunks go into it (it ends at a checkpoint step)
+    ran: int | None = None  # steps that ran: known once pulled
+    frames: dict = field(default_factory=dict)  # path -> (steps, values), once pulled
+
+    @property
+    def end(self) -> int:
+        """The last step written, once pulled (before: the last step dispatched)."""
+        return self.k0 + (self.rows if self.ran is None else self.ran)
+
+    @property
+    def stopped_early(self) -> bool:
+        """``until=`` stopped the run inside this set (known once pulled)."""
+        return self.ran is not None and self.ran < self.rows
+
+
+class Fills:
+    """The sets of buffers of one run: the one being filled, those full and not pulled yet."""
+
+    def __init__(self, plan: Plan, shapes: tuple[dict, ...], device: Any, budget: int, state_bytes: int,
+                 close_at: Any = None, placement: Any = None, sharded: bool = False):
+        self.plan, self.shapes, self.device = plan, shapes, device
+        self.capacity = plan.length
+        # a sharded state: a fresh set is made by the program itself (``None``), laid out as XLA
+        # places the views, so no buffer ever moves between devices
+        self.sharded = sharded
+        self.key = (_layout_key(plan, shapes), placement)
+        self.set_bytes = program.buffer_bytes(plan, shapes)
+        self.budget = budget
+        self.state_bytes = state_bytes  # device memory each waiting chunk holds (its kept start state)
+        self.close_at = close_at  # a schedule: a set ends at these steps (checkpoints follow its frames)
+        self.free: list[dict] = []
+        self.current: Fill | None = None
+        self.full: list[Fill] = []
+        self.last_pull = time.perf_counter()
+
+    def next(self, k0: int, length: int, flags: int) -> tuple[dict | None, Any]:
+        """The buffers and ``fill`` for a chunk of ``length`` steps from ``k0``: where the set
+        being filled left off, or a fresh set when the chunk does not fit."""
+        cur = self.current
+        if cur is not None and (cur.closed or cur.rows + length > self.capacity):  # pulled after this chunk is dispatched
+            self.full.append(cur)
+            cur = self.current = None
+        if cur is None:
+            cur = self.current = Fill(k0, flags)
+            return self._take(), program.empty_fill(self.plan)
+        return cur.out.pop("bufs"), cur.out["fill"]
+
+    def dispatched(self, chunk: Chunk, out: dict, reader: "Reader") -> None:
+        cur = self.current
+        cur.chunks.append(chunk)
+        cur.rows += chunk.length
+        cur.out = out
+        if cur.rows >= self.capacity:  # full: the next chunk starts another set, and this one is pulled then
+            reader.start_copy(cur)
+        if self.close_at is not None and self.close_at.contains(chunk.end):
+            cur.closed = True
+
+    def due(self) -> list[Fill]:
+        """The sets to pull now: those closed before the newest chunk was dispatched (so the
+        device goes on with it while the host reads them). The set being filled is closed (and
+        pulled after the next dispatch) when it is time, or it holds too many chunks."""
+        out, self.full = self.full, []
+        cur = self.current
+        now = time.perf_counter()
+        if cur is not None and (now - self.last_pull >= FEED_INTERVAL_S or len(cur.chunks) >= MAX_WAITING
+                                or len(cur.chunks) * self.state_bytes >= self.budget):
+            self.full.append(cur)
+            self.current = None
+            self.last_pull = now
+        if out:
+            self.last_pull = now
+        return out
+
+    def rest(self) -> list[Fill]:
+        """Every set not pulled yet (the run's end)."""
+        out, self.full = self.full, []
+        if self.current is not None:
+            out.append(self.current)
+            self.current = None
+        return out
+
+    def drop(self) -> None:
+        """Forget the sets not pulled (a run stopped by ``until=`` or a violation)."""
+        self.full, self.current = [], None
+
+    def give(self, bufs: dict) -> None:
+        self.free.append(bufs)
+
+    def spare(self) -> dict | None:
+        """A set of buffers outside the fills (the post-mortem replay)."""
+        return self._take()
+
+    def _take(self) -> dict:
+        if self.free:
+            return self.free.pop()
+        spare = _SPARE.get(self.key)
+        while spare:
+            bufs = spare.pop()
+            _SPARE_BYTES[0] -= self.set_bytes
+            if not spare:
+                del _SPARE[self.key]
+            if not _deleted(bufs):
+                return bufs
+        return None if self.sharded else program.buffers(self.plan, self.shapes, self.device)
+
+    def close(self) -> None:
+        """Keep up to two sets for the next run of this layout (within ``POOL_BYTES`` in all)."""
+        keep = [b for b in self.free[:2] if not _deleted(b)]
+        self.free = []
+        if not keep or self.set_bytes * len(keep) > POOL_BYTES:
+            return
+        spare = _SPARE.pop(self.key, [])
+        _SPARE_BYTES[0] -= self.set_bytes * len(spare)
+        spare = (spare + keep)[-2:]
+        _SPARE[self.key] = spare
+        _SPARE_BYTES[0] += self.set_bytes * len(spare)
+        while _SPARE_BYTES[0] > POOL_BYTES and _SPARE:
+            _, old = _SPARE.popitem(last=False)
+            _SPARE_BYTES[0] -= sum(x.nbytes for x in jax.tree_util.tree_leaves(old))
+
+
+def _deleted(bufs: dict) -> bool:
+    return any(x.is_deleted() for x in jax.tree_util.tree_leaves(bufs))
+
+
+def _layout_key(plan: Plan, shapes: tuple[dict, ...]) -> tuple:
+    dense = tuple((p, tuple(sd.shape), str(sd.dtype)) for i in plan.dense for p, sd in shapes[i].items())
+    compact = tuple((m, tuple((p, tuple(sd.shape), str(sd.dtype)) for p, sd in shapes[i].items()))
+                    for i, m in plan.compact)
+    return plan.length, dense, compact
+
+
+class Reader:
+    """Turns a set's rows into ``{path: (steps, values)}`` on the host."""
+
+    def __init__(self, plan: Plan, shapes: tuple[dict, ...], platform: str, layout: Any = None):
+        self.cpu = platform == "cpu"
+        self.layout = layout  # a run over several processes: each pulls the blocks it writes
+        initial = set(plan.initial)
+        # per row-buffer path: whether row 0 holds the initial state's frame when a set records it
+        self.dense = tuple((p, i in initial) for i in plan.dense for p in shapes[i])
+        self.compact = tuple(tuple(shapes[i]) for i, _ in plan.compact)
+
+    def start_copy(self, f: Fill) -> None:
+        """Accelerators: start the transfer of a full set while the next chunk runs."""
+        if self.cpu:
+            return
+        for leaf in jax.tree_util.tree_leaves((f.out["bufs"], f.out["fill"])):
+            leaf.copy_to_host_async()
+
+    def pull(self, f: Fill) -> dict:
+        """Read ``f``'s rows (blocks until its last chunk ran); sets ``f.ran`` and ``f.frames``.
+        Returns the buffers, free for another set."""
+        fill = np.asarray(f.out["fill"])
+        f.ran = ran = int(fill[0])
+        bufs = f.out.pop("bufs")
+        first = bool(f.flags & program.RECORD_INITIAL)
+        frames = {}
+        for path, has_initial in self.dense:
+            lo = 0 if first and has_initial else 1
+            if ran + 1 - lo > 0:
+                steps = np.arange(f.k0 + lo, f.k0 + ran + 1, dtype=np.int64)
+                frames[path] = (steps, self._rows(bufs["dense"][path], lo, ran + 1, path))
+        for paths, (vals, steps), count in zip(self.compact, bufs["compact"], fill[1:]):
+            count = int(count)
+            if count:
+                st = self._rows(steps, 0, count).astype(np.int64)
+                for p in paths:
+                    frames[p] = (st, self._rows(vals[p], 0, count, p))
+        f.frames = frames
+        return bufs
+
+    def _rows(self, arr: Any, lo: int, hi: int, path: str | None = None) -> Any:
+        """Rows ``lo:hi`` of a device buffer as a host array of their own (the buffer stays free
+        to be donated to a later chunk); over several processes, record ``path``'s blocks this
+        process writes (``Shards``)."""
+        if self.layout is not None and path is not None:
+            return self.layout.pull(path, arr)[lo:hi]
+        if len(arr.sharding.device_set) > 1:  # a sharded buffer: its shards copied into one host array
+            return np.asarray(arr)[lo:hi]
+        if self.cpu:
+            try:
+                view = np.from_dlpack(arr)
+            except (BufferError, RuntimeError, TypeError, ValueError):  # a dtype DLPack cannot carry (bfloat16):
+                # a numpy view pins the buffer, so a later chunk given it copies it instead of writing in place
+                return np.array(np.asarray(arr)[lo:hi])
+            return np.array(view[lo:hi])
+        if (hi - lo) * _SHORT < arr.shape[0]:  # a set mostly empty: slice on the device, transfer the rows
+            return np.asarray(arr[lo:hi])
+        return np.asarray(arr)[lo:hi]
+
+
+def merge(fills: list[Fill]) -> Frames:
+    """One batch of frames from pulled sets, in step order."""
+    frames = Frames()
+    parts: dict[str, list] = {}
+    for f in fills:
+        for p, sv in f.frames.items():
+            parts.setdefault(p, []).append(sv)
+    for p, svs in parts.items():
+        if len(svs) == 1:
+            frames.add(p, *svs[0])
+        else:
+            values = svs[0][1]
+            for _, v in svs[1:]:
+                values = concat_values(values, v)
+            frames.add(p, np.concatenate([s for s, _ in svs]), values)
+    return frames

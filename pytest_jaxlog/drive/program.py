@@ -1,0 +1,466 @@
+"""The compiled chunk program of ``jl.run``: ``n <= C`` work steps in one device loop.
+
+How a chunk of work steps ``k0 .. k0+n-1`` (recording steps ``k0+1 .. k0+n``) runs:
+
+- one program per kernel and records, compiled for the capacity ``C`` with the trip count ``n``
+  a runtime value (a while loop): every chunk length, runs of any length, profile-window steps
+  (``n = 1``) and the post-mortem replay run the very same executable. A loop whose trip count
+  is known at compile time may be unrolled or removed by XLA (length 1), which changes fusion
+  and so the last bits of reductions in views: with a runtime trip count, records and states are
+  bit-identical whatever the chunk size;
+- the record buffers are arguments, donated: the program writes the rows it records into them
+  and returns them. Consecutive short chunks write into one set of buffers, each from where the
+  previous one left off (``fill``), until it holds ``C`` steps; a pulled set goes back to the
+  driver's pool for a later chunk. So no chunk fills ``C`` rows with zeros (a one-step chunk costs
+  one step, not a memset of the capacity), a run of one-step chunks needs one set of buffers,
+  not one per step, and rows past what was recorded are stale, never read;
+- what is recorded is grouped in *lanes* (one view, or the selected aux leaves or ``jl.log``
+  values on one schedule):
+  every-step lanes write one row per step into ``C + 1``-row buffers (row 0 of a run's first
+  set: the initial state's frame); sparser lanes are *compact*: evaluated only at their
+  scheduled steps (inside a ``cond``), or only where their ``when=`` predicate also holds, and
+  written to the next slot with its step, so only kept rows reach the host. Schedules are
+  evaluated on the device from the step number (``every``/``at``/``window``; a schedule class the
+  program does not know comes as a per-chunk mask computed on the host);
+- with only sparse records, the steps between two scheduled ones run in an inner loop that only
+  steps (no schedule test or ``cond`` per step, like a nested scan), then one step records;
+- a sharded state's fresh set of buffers is made inside the program (``bufs=None``), so it is
+  laid out as XLA places the views and nothing moves between devices;
+- the control vector ``(k0, n, flags)`` is one small transfer; ``flags`` asks for the initial
+  state's frame (a run's first chunk) and for ``until=`` on the initial state. Both are
+  evaluated inside the program, under a ``cond``, so a run compiles one program, not one per
+  helper;
+- a step that calls ``jl.log`` runs under the collector (``drive.log.collect``), which returns
+  what it logged beside its output; a step without logs runs as it is;
+- ``until=``: the loop also stops at the first step whose state satisfies the predicate (per
+  system in batched runs: a finished system is frozen); the flag is an input and an output, so
+  the next chunk, already dispatched, runs no step once it is set;
+- the step's key is ``fold_in(key, k)`` (and ``fold_in(fold_in(key, k), system)`` per system in
+  batched runs): nothing depends on where chunk boundaries fall, so a run resumes exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ..errors import JaxlogError
+from ..record.records import AUX, LOG
+from ..record.schedule import At, Every, Schedule, Window
+from .log import collect
+from .resolve import view_values, flatten_view
+
+INT32_MAX = 2**31 - 1
+RECORD_INITIAL = 1  # flags: record the initial state's frame (row 0 / the first slot)
+CHECK_INITIAL = 2  # flags: evaluate until= on the initial state
+
+
+@dataclass(frozen=True)
+class Lane:
+    """Record leaves taken together: a view of the state (``view``), the aux leaves under
+    ``aux_paths`` or the step's ``jl.log`` values under ``log_paths``, on one schedule, optionally
+    only where ``when(state)`` holds. Hashable from its parts, so equal runs share one compiled
+    program."""
+
+    name: str
+    schedule: Schedule
+    view: Callable | None = None
+    aux_paths: tuple[str, ...] | None = None
+    when: Callable | None = None
+    log_paths: tuple[str, ...] | None = None
+
+    @property
+    def from_aux(self) -> bool:
+        return self.aux_paths is not None
+
+    @property
+    def from_step(self) -> bool:
+        """Read from what the step returns or logs (not a view of the state)."""
+        return self.aux_paths is not None or self.log_paths is not None
+
+    def read(self, state: Any, aux: Any, logs: Any = None) -> dict[str, Any]:
+        """``{record path: value}`` of this lane at one step."""
+        if self.log_paths is not None:
+            flat = flatten_view(LOG, logs)
+            return {p: v for p, v in flat.items() if _selected(p, self.log_paths)}
+        if self.aux_paths is None:
+            return view_values(self.name, self.view, state)
+        flat = flatten_view(AUX, aux)
+        return {p: v for p, v in flat.items() if _selected(p, self.aux_paths)}
+
+    @property
+    def in_loop_every_step(self) -> bool:
+        """Taken at every step the loop can record (1 .. 2**31-1), unconditionally: a row buffer."""
+        return self.when is None and self.schedule.count_between(1, INT32_MAX) == INT32_MAX
+
+
+def _selected(path: str, prefixes: tuple[str, ...]) -> bool:
+    return any(path == p or path.startswith(p + "/") for p in prefixes)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything static about a chunk program: equal plans share one compiled executable."""
+
+    step: Callable
+    lanes: tuple[Lane, ...]
+    dense: tuple[int, ...]  # lane indices with row buffers (C + 1 rows)
+    compact: tuple[tuple[int, int], ...]  # (lane index, slots): sparse and when= lanes, compacted on the device
+    initial: tuple[int, ...]  # view lanes whose schedule holds at step 0 (the initial state's frame)
+    host_masks: tuple[int, ...]  # compact lanes whose schedule the program cannot evaluate: masks from the host
+    has_aux: bool
+    keyed: bool
+    n_systems: int | None  # batched runs: per-system keys and freezing
+    until: Callable | None
+    length: int  # the capacity C: most work steps per chunk
+    collect: bool = False  # the step calls jl.log: run it under the collector
+    log_capacity: int | None = None  # capacity of logs inside while loops that give none
+
+    def __post_init__(self):  # jit hashes its static argument on every call: hash the lanes once
+        object.__setattr__(self, "_hash", hash((self.step, self.lanes, self.dense, self.compact, self.initial,
+                                                self.host_masks, self.has_aux, self.keyed, self.n_systems,
+                                                self.until, self.length, self.collect, self.log_capacity)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, Plan) or self._hash != other._hash:
+            return False
+        return all(getattr(self, f) == getattr(other, f) for f in _PLAN_FIELDS)
+
+
+_PLAN_FIELDS = ("step", "lanes", "dense", "compact", "initial", "host_masks", "has_aux", "keyed", "n_systems", "until",
+                "length", "collect", "log_capacity")
+
+
+_PLANS: dict = {}
+
+
+def intern(plan: Plan) -> Plan:
+    """The one equal plan already seen, or ``plan``: jit compares its static argument with the
+    one it compiled for on every call, and the same object compares at once (an equal one
+    compares every lane's view and schedule)."""
+    try:
+        return _PLANS.setdefault(plan, plan)
+    finally:
+        if len(_PLANS) > 256:  # a bound: plans of kernels no longer run may go
+            _PLANS.pop(next(iter(_PLANS)))
+
+
+def layout(lanes: tuple[Lane, ...], capacity: int) -> dict:
+    """Which lanes get row buffers, which are compacted (and with how many slots), which record
+    the initial state, and which need host masks, for a capacity of ``capacity`` loop steps."""
+    initial = tuple(i for i, ln in enumerate(lanes) if not ln.from_step and ln.schedule.contains(0))
+    dense = tuple(i for i, ln in enumerate(lanes) if ln.in_loop_every_step)
+    compact = tuple((i, max(1, ln.schedule.max_in_span(capacity)) + (i in initial))
+                    for i, ln in enumerate(lanes) if i not in dense)
+    host = tuple(i for i, _ in compact if device_schedule(lanes[i].schedule) is None)
+    return {"dense": dense, "compact": compact, "initial": initial, "host_masks": host, "length": capacity}
+
+
+@dataclass(frozen=True)
+class _Progression:
+    """An ``Every`` or ``Window`` as ``start, start + n, ...`` up to ``stop``, clipped to int32."""
+
+    n: int
+    start: int
+    stop: int
+
+
+def _progression(schedule: Schedule) -> _Progression | None:
+    kind = type(schedule)  # exact types: a subclass may change what they mean
+    if kind is not Every and kind is not Window:
+        return None
+    every = schedule if kind is Every else schedule._every
+    stop = INT32_MAX if kind is Every else min(schedule.stop, INT32_MAX)
+    return _Progression(n=every.n, start=every.start, stop=stop)
+
+
+def _step_table(schedule: Schedule) -> np.ndarray | None:
+    """An ``At``'s steps that int32 holds, sorted."""
+    if type(schedule) is not At:
+        return None
+    return np.asarray(schedule.steps[schedule.steps <= INT32_MAX], np.int32)
+
+
+def device_schedule(schedule: Schedule) -> Callable[[Any], Any] | None:
+    """``k -> whether step k is scheduled`` as device code for the schedules the package defines
+    (exact types: a subclass may change what they mean), else None."""
+    prog, steps = _progression(schedule), _step_table(schedule)
+    if prog is not None:
+        if prog.start > INT32_MAX:
+            return lambda k: jnp.zeros((), bool)
+        return lambda k: (k >= prog.start) & (k <= prog.stop) & ((k - prog.start) % prog.n == 0)
+    if steps is not None:
+        if not len(steps):
+            return lambda k: jnp.zeros((), bool)
+
+        def at(k):
+            table = jnp.asarray(steps)
+            i = jnp.minimum(jnp.searchsorted(table, k), len(steps) - 1)
+            return table[i] == k
+        return at
+    return None
+
+
+def device_next(schedule: Schedule) -> Callable[[Any], Any] | None:
+    """``k -> the first scheduled step after k`` (int32 max: none) as device code, for the
+    schedules :func:`device_schedule` knows, else None."""
+    prog, steps = _progression(schedule), _step_table(schedule)
+    if prog is not None:
+        if prog.start > INT32_MAX:
+            return lambda k: jnp.int32(INT32_MAX)
+
+        def nxt(k):
+            s = jnp.maximum(k + 1, prog.start)
+            s = s + (prog.n - (s - prog.start) % prog.n) % prog.n
+            return jnp.where((s <= prog.stop) & (s >= k + 1), s, INT32_MAX).astype(jnp.int32)
+        return nxt
+    if steps is not None:
+        if not len(steps):
+            return lambda k: jnp.int32(INT32_MAX)
+
+        def at(k):
+            table = jnp.asarray(np.append(steps, INT32_MAX).astype(np.int32))
+            return table[jnp.searchsorted(table, k + 1)]
+        return at
+    return None
+
+
+def host_mask(schedule: Schedule, k0: int, length: int, capacity: int) -> np.ndarray:
+    """Per loop index: whether the step it records is scheduled (schedules without device code)."""
+    out = np.zeros(capacity, dtype=bool)
+    out[:length] = schedule.mask(np.arange(k0 + 1, k0 + length + 1, dtype=np.int64))
+    return out
+
+
+def apply_step(plan: Plan, key: Any, k: Any, state: Any) -> tuple[Any, Any]:
+    """One application of the user's step: ``(new state, aux or None)``."""
+    return _call_step(plan, key, k, state)
+
+
+def apply_logged(plan: Plan, key: Any, k: Any, state: Any) -> tuple[Any, Any, dict]:
+    """One application of the user's step: ``(new state, aux or None, what it logged)``; the
+    step goes through the collector only when the plan says it logs."""
+    if not plan.collect:
+        return (*_call_step(plan, key, k, state), {})
+    (state, aux), logs = collect(lambda key, k, st: _call_step(plan, key, k, st), capacity=plan.log_capacity)(
+        key, k, state)
+    return state, aux, logs
+
+
+def _call_step(plan: Plan, key: Any, k: Any, state: Any) -> tuple[Any, Any]:
+    if plan.keyed:
+        kk = jax.random.fold_in(key, k)
+        if plan.n_systems is not None:
+            kk = jax.vmap(lambda s: jax.random.fold_in(kk, s))(jnp.arange(plan.n_systems, dtype=jnp.uint32))
+        out = plan.step(kk, state)
+    else:
+        out = plan.step(state)
+    if plan.has_aux:
+        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+            raise JaxlogError("has_aux=True: the step function must return (state, aux)")
+        return out[0], out[1]
+    return out, None
+
+
+def until_flags(plan: Plan, state: Any) -> Any:
+    """``until(state)`` as a bool scalar, or one bool per system in batched runs."""
+    flag = jnp.asarray(plan.until(state))
+    want = () if plan.n_systems is None else (plan.n_systems,)
+    if flag.dtype != jnp.bool_ or flag.shape != want:
+        what = "one bool" if not want else f"one bool per system, shape ({plan.n_systems},)"
+        raise JaxlogError(f"until= must return {what}, got {flag.dtype}{list(flag.shape)}")
+    return flag
+
+
+def _freeze(plan: Plan, done: Any, old: Any, new: Any) -> Any:
+    """Systems that are done keep their state; shared leaves (no system axis) go on."""
+    n = plan.n_systems
+
+    def pick(o, x):
+        if getattr(x, "ndim", 0) >= 1 and x.shape[0] == n:
+            return jnp.where(done.reshape((n,) + (1,) * (x.ndim - 1)), o, x)
+        return x
+    return jax.tree_util.tree_map(pick, old, new)
+
+
+def when_flag(lane: Lane, state: Any) -> Any:
+    flag = jnp.asarray(lane.when(state))
+    if flag.dtype != jnp.bool_ or flag.shape != ():
+        raise JaxlogError(f"record {lane.name!r}: when= must return one bool (in batched runs too: reduce over "
+                          f"the systems, e.g. jnp.any), got {flag.dtype}{list(flag.shape)}")
+    return flag
+
+
+def buffers(plan: Plan, shapes: tuple[dict, ...], device: Any = None) -> dict:
+    """A fresh set of record buffers for ``plan``, on ``device`` (zeros put there from the host:
+    ``jnp.zeros`` would compile a program per buffer shape, tens of milliseconds each)."""
+    dense = {p: np.zeros((plan.length + 1, *sd.shape), sd.dtype) for i in plan.dense for p, sd in shapes[i].items()}
+    compact = tuple(({p: np.zeros((m, *sd.shape), sd.dtype) for p, sd in shapes[i].items()}, np.zeros(m, np.int32))
+                    for i, m in plan.compact)
+    return jax.device_put({"dense": dense, "compact": compact}, device)
+
+
+def empty_fill(plan: Plan) -> np.ndarray:
+    """``fill`` for a fresh set of buffers: nothing written."""
+    return np.zeros(1 + len(plan.compact), np.int32)
+
+
+def buffer_bytes(plan: Plan, shapes: tuple[dict, ...]) -> int:
+    """Bytes of one set of record buffers."""
+    def frame(i):
+        return sum(int(np.prod(sd.shape, dtype=np.int64)) * np.dtype(sd.dtype).itemsize for sd in shapes[i].values())
+    return sum((plan.length + 1) * frame(i) for i in plan.dense) + sum(m * (frame(i) + 4) for i, m in plan.compact)
+
+
+def _zeros(plan: Plan, state: Any, key: Any) -> dict:
+    """A set of record buffers made inside the program (traced: shapes from the lanes' reads)."""
+    st_shape, aux_shape, log_shape = jax.eval_shape(lambda st: apply_logged(plan, key, jnp.int32(0), st), state)
+    shapes = [jax.eval_shape(ln.read, st_shape, aux_shape, log_shape) for ln in plan.lanes]
+    dense = {p: jnp.zeros((plan.length + 1, *sd.shape), sd.dtype) for i in plan.dense for p, sd in shapes[i].items()}
+    compact = tuple(({p: jnp.zeros((m, *sd.shape), sd.dtype) for p, sd in shapes[i].items()}, jnp.zeros(m, jnp.int32))
+                    for i, m in plan.compact)
+    return {"dense": dense, "compact": compact}
+
+
+def _put(buf: dict, vals: dict, row: Any) -> dict:
+    return {p: lax.dynamic_update_index_in_dim(b, jnp.asarray(vals[p], b.dtype), row, 0) for p, b in buf.items()}
+
+
+def chunk_impl(plan: Plan, state, bufs, key, ctl, fill, masks, stopped):
+    """Run up to ``n`` steps from step ``k0`` (``ctl = (k0, n, flags)``), writing records into
+    ``bufs`` (None: zeros made here) from where ``fill = (last row used, count per compact lane)`` says earlier chunks
+    left off (the rows of one set of buffers follow the steps: row ``r`` is step ``k + r`` for the
+    ``k`` where the set's first chunk started). ``stopped``: with ``until=``, the step where the
+    run (per system: each system) stopped, -1 while it goes on; carried from chunk to chunk.
+    Returns the state, the buffers, the new ``fill`` and ``stopped``."""
+    lanes = plan.lanes
+    k0, n, flags = ctl[0], ctl[1], ctl[2]
+    row0 = fill[0]
+    if bufs is None:  # a sharded state's first set: zeros laid out as XLA places the views (see drive.chunks)
+        bufs = _zeros(plan, state, key)
+    dense, compact = bufs["dense"], bufs["compact"]
+    counts = tuple(fill[1 + c] for c in range(len(plan.compact)))
+    slot_of = {i: c for c, (i, _) in enumerate(plan.compact)}
+    done = stopped >= 0
+
+    if plan.initial:  # the initial state's frame: row 0 of row buffers, the first slot of compact ones
+        def first_frame(args):
+            dense, compact, counts = args
+            compact, counts = list(compact), list(counts)
+            for i in plan.initial:
+                vals = lanes[i].read(state, None)
+                if i in slot_of:
+                    c = slot_of[i]
+                    take = jnp.ones((), bool) if lanes[i].when is None else when_flag(lanes[i], state)
+                    buf, steps = compact[c]
+                    compact[c] = (_put(buf, vals, counts[c]), steps.at[counts[c]].set(k0))
+                    counts[c] = counts[c] + take.astype(jnp.int32)
+                else:
+                    dense = {**dense, **_put({p: dense[p] for p in vals}, vals, row0)}
+            return dense, tuple(compact), tuple(counts)
+
+        dense, compact, counts = lax.cond((flags & RECORD_INITIAL) != 0, first_frame, lambda a: a,
+                                          (dense, compact, counts))
+    if plan.until is not None:
+        def first_until(args):
+            done, stopped = args
+            now = until_flags(plan, state)
+            return done | now, jnp.where(now & ~done, k0, stopped)
+
+        done, stopped = lax.cond((flags & CHECK_INITIAL) != 0, first_until, lambda a: a, (done, stopped))
+
+    tests = {i: device_schedule(lanes[i].schedule) for i, _ in plan.compact}
+    mask_of = dict(zip(plan.host_masks, masks))
+
+    def cond(carry):
+        j, done = carry[0], carry[2]
+        return (j < n) & ~jnp.all(done)
+
+    def advance(j, st, done, stopped):
+        """One application of the step from state ``k0 + j`` (``until=``: stop flags, frozen systems)."""
+        k = k0 + j
+        new, aux, logs = apply_logged(plan, key, k, st)
+        if plan.until is not None:
+            if plan.n_systems is not None:
+                new = _freeze(plan, done, st, new)
+            now = until_flags(plan, new)
+            stopped = jnp.where(now & ~done, k + 1, stopped)
+            done = done | now
+        return new, aux, logs, done, stopped
+
+    def body(carry):
+        j, st, done, stopped, dense, compact, counts = carry
+        k = k0 + j
+        st, aux, logs, done, stopped = advance(j, st, done, stopped)
+        ys = {}
+        for i in plan.dense:
+            ys.update(lanes[i].read(st, aux, logs))
+        dense = _put(dense, ys, row0 + j + 1)
+        new_compact, new_counts = [], []
+        for (i, m), (buf, steps), count in zip(plan.compact, compact, counts):
+            take = mask_of[i][j] if i in mask_of else tests[i](k + 1)
+            if lanes[i].when is not None:
+                take = take & when_flag(lanes[i], st)
+
+            def write(args, i=i):
+                buf, steps, count = args
+                return _put(buf, lanes[i].read(st, aux, logs), count), steps.at[count].set(k + 1), count + 1
+
+            buf, steps, count = lax.cond(take & (count < m), write, lambda a: a, (buf, steps, count))
+            new_compact.append((buf, steps))
+            new_counts.append(count)
+        return j + 1, st, done, stopped, dense, tuple(new_compact), tuple(new_counts)
+
+    nexts = [device_next(lanes[i].schedule) for i, _ in plan.compact]
+    if plan.compact and not plan.dense and not plan.host_masks and all(f is not None for f in nexts):
+        # every record is sparse: the steps between two scheduled ones run in an inner loop that
+        # only steps (no schedule test, no cond per step), then one step records. Which path a
+        # step takes depends on the schedules only, so results are the same for any chunk size.
+        record_step = body
+
+        def plain(c):
+            j, st, done, stopped = c
+            st, _, _, done, stopped = advance(j, st, done, stopped)
+            return j + 1, st, done, stopped
+
+        def body(carry):  # noqa: F811  (the loop body when every record is sparse)
+            j, st, done, stopped, dense, compact, counts = carry
+            target = nexts[0](k0 + j)  # the next scheduled state (int32 max: none)
+            for f in nexts[1:]:
+                target = jnp.minimum(target, f(k0 + j))
+            j, st, done, stopped = lax.while_loop(
+                lambda c: (k0 + c[0] + 1 < target) & (c[0] < n) & ~jnp.all(c[2]), plain, (j, st, done, stopped))
+            carry = (j, st, done, stopped, dense, compact, counts)
+            return lax.cond((j < n) & ~jnp.all(done), record_step, lambda c: c, carry)
+
+    carry = (jnp.int32(0), state, done, stopped, dense, compact, counts)
+    ran, state, done, stopped, dense, compact, counts = lax.while_loop(cond, body, carry)
+    return {"state": state, "bufs": {"dense": dense, "compact": compact}, "fill": jnp.stack([row0 + ran, *counts]),
+            "stopped": stopped}
+
+
+def abstract(args: Any) -> Any:
+    """Arguments as ``jax.ShapeDtypeStruct`` with their shardings (committed arrays only, as jit
+    sees them), to lower the program again after the arrays were donated."""
+
+    def one(x):
+        if isinstance(x, jax.Array):
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding if x.committed else None,
+                                        weak_type=bool(getattr(x, "weak_type", False)))
+        x = np.asarray(x)
+        return jax.ShapeDtypeStruct(x.shape, x.dtype)
+    return jax.tree_util.tree_map(one, args)
+
+
+chunk = jax.jit(chunk_impl, static_argnums=0, donate_argnums=2)
+chunk_donate = jax.jit(chunk_impl, static_argnums=0, donate_argnums=(1, 2))

@@ -1,0 +1,256 @@
+"""Schema resolution: what each view returns for a given state, found before any step runs.
+
+Views are traced abstractly (``jax.eval_shape``), so a bad view (non-array leaves, strings,
+a shape that does not fit ``batched=True``) fails with the record path named, before the run.
+The same flattening (``flatten_view``) is used inside the jitted drivers, so the paths in the
+schema and the paths in the frames cannot disagree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..errors import JaxlogError
+from ..record.frames import LeafSpec, Schema
+from ..record.records import AUX, LOG, RecordSpec, leaf_paths
+from ..record.schedule import Every, Schedule
+from .log import collect, has_logs
+
+AUX_SCHEDULE = Every(1, start=1)  # aux comes out of the application k -> k+1: recorded at k+1
+LOG_SCHEDULE = AUX_SCHEDULE  # so do the step's logs
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggingView:
+    """A view that calls ``jl.log``: evaluated under :func:`collect`, returning ``(out, logs)``;
+    its logs are recorded as ``"log/<name>"`` on the view's schedule."""
+
+    view: Callable
+    capacity: int | None = None
+
+    def __call__(self, state: Any) -> tuple[Any, dict]:
+        return collect(self.view, capacity=self.capacity)(state)
+
+
+def view_values(name: str, view: Callable, state: Any, *, keys_as_data: bool = True) -> dict[str, Any]:
+    """``{record path: value}`` of one view on ``state``, what it logs (``"log/<name>"``) included."""
+    if isinstance(view, LoggingView):
+        out, logs = view(state)
+        values = flatten_view(name, out, keys_as_data=keys_as_data)
+        values.update(flatten_view(LOG, logs, keys_as_data=keys_as_data))
+        return values
+    return flatten_view(name, view(state), keys_as_data=keys_as_data)
+
+
+def _view_logs(view: Callable, state: Any) -> bool:
+    try:
+        return has_logs(view, state)
+    except JaxlogError:
+        raise
+    except Exception:  # a view that cannot be traced (a hand-written loop's view of any object) runs
+        return False  # eagerly, where jl.log does nothing: there is nothing to collect
+
+
+def with_view_logs(lanes: Sequence[Any], state: Any, capacity: int | None = None) -> tuple[Any, ...]:
+    """``lanes`` with the views that call ``jl.log`` wrapped in :class:`LoggingView` (decided by
+    tracing each view once on ``state``; views without logs stay as they are and cost nothing)."""
+    out = []
+    for lane in lanes:
+        if lane.view is not None and not isinstance(lane.view, LoggingView) and _view_logs(lane.view, state):
+            lane = dataclasses.replace(lane, view=LoggingView(lane.view, capacity))
+        out.append(lane)
+    return tuple(out)
+
+
+def log_schedules(logs: Mapping[str, Any] | None) -> tuple[tuple[str, Schedule], ...]:
+    """``jl.run(logs=...)``: (log name, schedule) pairs (an int n means every n steps; names not
+    listed are recorded every step). Logs come out of the application k -> k+1, like aux, so
+    "every step" means steps 1, 2, ..."""
+    from ..record.records import check_name
+    from ..record.schedule import as_schedule
+
+    if logs is None:
+        return ()
+    if not isinstance(logs, Mapping):
+        raise JaxlogError(f"logs= must be a dict of log name -> schedule, got {type(logs).__name__}")
+    out = []
+    for name, sched in logs.items():
+        check_name(name, "logs= name")
+        sched = as_schedule(sched, f"logs={name!r}")
+        out.append((name, LOG_SCHEDULE if sched.is_every_step else sched))
+    return tuple(out)
+
+
+def is_key(dtype: Any) -> bool:
+    return jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def _numeric(dtype: Any) -> bool:
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        return False
+    return dt == np.bool_ or bool(jnp.issubdtype(dt, jnp.number))
+
+
+def flatten_view(name: str, tree: Any, *, keys_as_data: bool = True) -> dict[str, Any]:
+    """A view's output as ``{record path: array}``; typed PRNG keys become their key data
+    (``keys_as_data=False`` keeps them, so resolution can read their impl).
+
+    Works on concrete arrays and on tracers (used inside the jitted chunk functions)."""
+    pairs, _ = jax.tree_util.tree_flatten_with_path(tree)
+    paths = leaf_paths(name, [kp for kp, _ in pairs])
+    out = {}
+    for path, (_, leaf) in zip(paths, pairs):
+        if keys_as_data and hasattr(leaf, "dtype") and is_key(leaf.dtype):
+            leaf = jax.random.key_data(leaf)
+        out[path] = leaf
+    return out
+
+
+def lane_leaves(name: str, record: str, schedule: Schedule, read: Callable[..., dict], args: tuple,
+                n_systems: int | None, what: str) -> list[LeafSpec]:
+    """The schema leaves of one lane: ``read(*args)`` gives its ``{path: value}`` (typed keys
+    kept), traced abstractly with ``args`` as tracers, as in the run; a bad leaf is named."""
+    impls: dict[str, str] = {}
+
+    def traced(*args):
+        out = read(*args)
+        for path, leaf in out.items():
+            if isinstance(leaf, jax.Array) and is_key(leaf.dtype):
+                impls[path] = str(jax.random.key_impl(leaf))
+        return out
+
+    try:
+        shapes = jax.eval_shape(traced, *args)
+    except JaxlogError:
+        raise
+    except Exception as e:  # the user's view failed while tracing: name it
+        raise JaxlogError(f"{what} {name!r} failed on the state: {short_error(e)}") from None
+    if not shapes:
+        raise JaxlogError(f"{what} {name!r} returned no arrays")
+    specs = []
+    for path, leaf in shapes.items():
+        if not isinstance(leaf, jax.ShapeDtypeStruct):
+            raise JaxlogError(f"record {path!r}: leaf {leaf!r} is not an array")
+        shape, dtype, key_impl = tuple(leaf.shape), leaf.dtype, None
+        if is_key(dtype):
+            key_impl = impls.get(path, "unknown")
+            data = jax.eval_shape(jax.random.key_data, leaf)
+            shape, dtype = tuple(data.shape), data.dtype
+        elif not _numeric(dtype):
+            raise JaxlogError(f"record {path!r}: dtype {dtype} is not numeric (recordable: bool, int, float, complex, keys)")
+        if n_systems is not None and (not leaf.shape or leaf.shape[0] != n_systems):
+            raise JaxlogError(
+                f"record {path!r}: batched runs record one row per system, so it needs a leading system axis of "
+                f"size {n_systems}, got shape {tuple(leaf.shape)}"
+            )
+        specs.append(LeafSpec(path, record, shape, np.dtype(dtype), schedule, key_impl))
+    return specs
+
+
+def n_systems_of(state: Any, batched: bool | int) -> int | None:
+    """The number of systems of a batched state: ``batched=<int>`` says it; ``batched=True`` takes
+    the leading axis size most non-scalar leaves share (scalars and other leaves are shared by
+    all systems: a step counter, a box, a temperature)."""
+    if batched is False or batched is None:
+        return None
+    pairs = [(jax.tree_util.keystr(kp) or "(the state)", tuple(getattr(leaf, "shape", ())))
+             for kp, leaf in jax.tree_util.tree_flatten_with_path(state)[0]]
+    by_size: dict[int, list[str]] = {}
+    for where, shape in pairs:
+        if shape:
+            by_size.setdefault(shape[0], []).append(where)
+    if batched is not True:
+        n = int(batched)
+        if n not in by_size:
+            raise JaxlogError(f"batched={n}: no state leaf has a leading system axis of size {n} "
+                              f"(leading sizes: {_sizes(by_size)})")
+        return n
+    if not by_size:
+        raise JaxlogError("batched=True needs state leaves with a leading system axis (every leaf is a scalar)")
+    most = max(len(v) for v in by_size.values())
+    winners = [n for n, v in by_size.items() if len(v) == most]
+    if len(winners) > 1:
+        raise JaxlogError(f"batched=True cannot tell the number of systems: state leaves disagree on the leading "
+                          f"axis ({_sizes(by_size)}); pass batched=<number of systems>")
+    return int(winners[0])
+
+
+def _sizes(by_size: dict[int, list[str]]) -> str:
+    return "; ".join(f"{n}: {', '.join(v)}" for n, v in sorted(by_size.items()))
+
+
+def resolve_schema(lanes: Sequence[Any], state: Any, *, aux: Callable[[Any], Any] | None = None,
+                   logs: Callable[[Any], Any] | None = None, batched: bool | int = False, dt: float | None = None,
+                   abstract: bool = True, per_lane: list | None = None) -> Schema:
+    """The schema of ``lanes`` (``drive.program.Lane``: views, aux leaves of ``aux(state)``, the
+    step's aux output, or logged values of ``logs(state)``, what the step logs) evaluated on
+    ``state``: traced with the state abstract, as the run will (``abstract=False``: a Recorder
+    state that is not a pytree of arrays, which its views see as it is). ``per_lane``: a list
+    that gets each lane's leaves, in lane order (what the chunk program's record buffers hold,
+    without tracing the views again)."""
+    n_sys = n_systems_of(state, batched)
+    args = (state,) if abstract else ()
+    leaves: list[LeafSpec] = []
+    for lane in lanes:
+        if lane.log_paths is not None:
+            mine = lane_leaves(lane.name, LOG, lane.schedule,
+                               lambda st=state, ln=lane: ln.read(None, None, logs(st)), args, n_sys, "log")
+        elif lane.from_aux:
+            if aux is None:
+                raise JaxlogError("aux= selects aux leaves, but the step has no aux output (has_aux=True)")
+            mine = lane_leaves(lane.name, AUX, lane.schedule,
+                               lambda st=state, ln=lane: _aux_read(ln, aux(st)), args, n_sys, "step aux output")
+        else:
+            mine = lane_leaves(lane.name, lane.name, lane.schedule,
+                               lambda st=state, ln=lane: view_values(ln.name, ln.view, st, keys_as_data=False),
+                               args, n_sys, "record")
+        leaves += mine
+        if per_lane is not None:
+            per_lane.append(mine)
+    paths = [leaf.path for leaf in leaves]
+    dupes = sorted({p for p in paths if paths.count(p) > 1 and p.startswith(LOG + "/")})
+    if dupes:
+        raise JaxlogError(f"{dupes[0]!r} is logged by more than one of: the step, the record views "
+                          f"(give the logs different names)")
+    return Schema(tuple(leaves), batched=n_sys is not None, dt=None if dt is None else float(dt))
+
+
+def short_error(e: Exception, limit: int = 1500) -> str:
+    """An exception raised while tracing user code, once and not pages long (JAX's tracer errors
+    repeat themselves and can print a whole state)."""
+    text = f"{type(e).__name__}: {e}"
+    text = text.split("\n\nThe above exception")[0]
+    return text if len(text) <= limit else text[:limit] + f" ... [{len(text) - limit} more characters]"
+
+
+def _aux_read(lane: Any, aux_out: Any) -> dict:
+    flat = flatten_view(AUX, aux_out, keys_as_data=False)
+    got = {p: v for p, v in flat.items() if any(p == q or p.startswith(q + "/") for q in lane.aux_paths)}
+    missing = [q for q in lane.aux_paths if not any(p == q or p.startswith(q + "/") for p in flat)]
+    if missing:
+        raise JaxlogError(f"aux= names {', '.join(repr(q.removeprefix(AUX + '/')) for q in missing)}, which the "
+                          f"step's aux output does not have (it has: "
+                          f"{', '.join(p.removeprefix(AUX + '/') for p in flat) or 'nothing'})")
+    return got
+
+
+def state_paths(state: Any) -> dict[str, Any]:
+    """Host copies of the state's leaves as ``{"state/<keypath>": np.ndarray}`` (post-mortem)."""
+    flat = flatten_view("state", state)
+    return {p: np.array(jax.device_get(v)) for p, v in flat.items()}
+
+
+def state_key_impls(state: Any) -> dict[str, str]:
+    """``{"state/<keypath>": impl name}`` for the typed PRNG key leaves of ``state`` (the
+    post-mortem stores their key data; sinks note the impl so the keys can be wrapped again)."""
+    pairs, _ = jax.tree_util.tree_flatten_with_path(state)
+    paths = leaf_paths("state", [kp for kp, _ in pairs])
+    return {p: str(jax.random.key_impl(leaf)) for p, (_, leaf) in zip(paths, pairs)
+            if hasattr(leaf, "dtype") and is_key(leaf.dtype)}

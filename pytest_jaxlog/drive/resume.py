@@ -1,0 +1,54 @@
+"""``jl.resume``: continue a checkpointed run in its own file, bit-for-bit."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import JaxlogError
+from ..record.schedule import check_count
+from .checkpoint import check_against, prepare, rebuild_state
+from .run import Run, run
+
+
+def resume(path: str | os.PathLike, step: Callable, steps: int, *, like: Any = None, from_step: int | None = None,
+           sinks: Any = (), writer: dict | None = None, **kwargs: Any) -> Run:
+    """Continue the run recorded in ``path`` from its newest checkpoint (or ``from_step=``) up to
+    step ``steps`` (the run's total), appending to the same file.
+
+    Takes ``jl.run``'s keyword arguments (``record``, ``invariants``, ``key``, ``dt``,
+    ``checkpoint``, ``until``, ...): they must describe the run in the file, and a resume whose
+    step function, records, schedules, state structure, dtypes, key, dt or x64 setting differ is
+    refused, naming what differs. ``like``: a state of the kernel's own type (e.g. the initial
+    state), so the checkpoint comes back as namedtuples or dataclasses; states made of dicts need
+    none. The resumed file equals, bit for bit, the one an uninterrupted run writes: the frames
+    up to the checkpoint are copied into a new file that replaces the old one only once it is
+    valid, and the run goes on from the checkpoint's state and step. ``writer``: keyword arguments
+    of the file's ``jl.HDF5Writer``; ``sinks``: more sinks, which get the whole trajectory too.
+    """
+    from ..store.hdf5 import HDF5Writer
+
+    steps = check_count(steps, "steps", minimum=0)
+    for taken in ("state", "start_step", "_resume"):
+        if taken in kwargs:
+            raise JaxlogError(f"resume(): {taken}= comes from the file's checkpoint, not from the caller")
+    traj, point, flat = prepare(path, from_step)
+    try:
+        if steps < point.step:
+            raise JaxlogError(f"resume({path}, steps={steps}): the checkpoint is at step {point.step}, past the "
+                              "run's total: steps is the whole run's length")
+        where = f"{path} checkpoint at step {point.step}"
+        state = rebuild_state(flat, traj.attachment_key_impls("checkpoint"), like, point.meta, where)
+        extra = list(sinks) if isinstance(sinks, (list, tuple)) else [sinks]
+        file_sink = HDF5Writer(Path(path), **(writer or {}))
+        result = run(step, state, steps - point.step, start_step=point.step, sinks=[file_sink, *extra],
+                     _resume=point, **kwargs)
+    except BaseException as exc:
+        if Path(path).exists() and os.path.samefile(path, point.source):
+            point.source.unlink()  # refused or failed before the file was replaced: it is as it was
+        elif point.source.exists():  # replaced: the old trajectory stays readable under its second name
+            exc.add_note(f"[jaxlog] the trajectory as it was before this resume is kept as {point.source}")
+        raise
+    point.source.unlink(missing_ok=True)
+    return result

@@ -1,0 +1,43 @@
+"""The error family: one base class to catch (``JaxlogError``), every message starting with
+``[jaxlog]`` and naming the culprit.
+
+``JaxlogError`` stays a ``ValueError`` so code written against 0.1 (``except ValueError``) keeps
+working; assertion-style failures are also ``AssertionError`` so pytest shows them as failed
+checks, not as errors in the test's code.
+"""
+
+from __future__ import annotations
+
+
+def _prefixed(message: str) -> str:
+    return message if message.startswith("[jaxlog]") else f"[jaxlog] {message}"
+
+
+class JaxlogError(ValueError):
+    """Base of every error pytest-jaxlog raises: bad input (a record, schedule, view, file or
+    option that cannot work), a failed sink, or a failed check."""
+
+    def __init__(self, message: str):
+        super().__init__(_prefixed(message))
+
+
+class WriterError(JaxlogError, RuntimeError):
+    """A sink failed (often on its background thread); raised on the caller's thread."""
+
+
+class JaxlogAssertionError(JaxlogError, AssertionError):
+    """A check on a run failed: an invariant, a golden comparison, a timing or compile count."""
+
+
+class JaxlogRuntimeWarning(RuntimeWarning):
+    """Something went wrong but the run goes on (``on_violation="warn"``, regenerated goldens)."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived (CI cancellation, a job time limit, a scheduler) while a run was recording:
+    raised like Ctrl-C, so the run stops the same way (status ``stopped``, every frame handed
+    over on disk) and ``except KeyboardInterrupt`` handles both."""
+
+    def __init__(self, signum: int = 15):
+        super().__init__(f"[jaxlog] terminated by signal {signum}")
+        self.signum = signum

@@ -1,0 +1,587 @@
+"""Golden trajectories: one comparison engine (``diff_trajectories``) behind the assertion,
+``check_golden`` (used by the pytest plugin) and ``python -m pytest_jaxlog diff``.
+
+The engine returns a structured ``Diff`` rather than raising, so each caller words the outcome
+for its audience (a ``jl.TrajectoryMismatch`` with the regen hint, or a CLI report with an exit
+code). The comparison options are declared once, by ``diff_trajectories``; the assertion and
+``check_golden`` show them in their own signatures and pass every one through.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from .check import args
+from .errors import JaxlogAssertionError, JaxlogError
+from .record.schedule import check_step
+
+REGEN_FLAG = "--jaxlog-regen"
+
+
+class TrajectoryMismatch(JaxlogAssertionError):
+    """Two trajectories differ (or the golden to compare with is missing). ``diff`` is the full
+    comparison (``jl.golden.Diff``: every differing record, with statistics), None when the golden
+    file is missing."""
+
+    def __init__(self, message: str, diff: "Diff | None" = None):
+        super().__init__(message)
+        self.diff = diff
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def as_trajectory(obj: Any):
+    """A Trajectory from a ``jl.Run`` (``.trajectory``), a Trajectory, or a path (loaded)."""
+    if isinstance(obj, (str, os.PathLike)):
+        path = Path(obj)
+        if not path.exists():
+            raise JaxlogError(f"trajectory file {display_path(path)} does not exist")
+        from .store.trajectory import load
+
+        return load(path)
+    if hasattr(obj, "records") and hasattr(obj, "steps"):
+        return obj
+    traj = getattr(obj, "trajectory", None)
+    if traj is not None:
+        return traj
+    raise JaxlogError(f"cannot compare a {type(obj).__name__}: pass a jl.Run, a Trajectory or a path to a trajectory file")
+
+
+def display_path(path: str | os.PathLike | None) -> str:
+    """``path`` relative to the working directory when it lies below it (shorter messages)."""
+    if path is None:
+        return "(in memory)"
+    p = Path(path)
+    try:
+        return str(p.resolve().relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):
+        return str(p)
+
+
+def select_records(names: Sequence[str] | str | None, *trajs) -> tuple[str, ...] | None:
+    """Leaf paths named by ``names`` (a leaf or a prefix) in any of ``trajs``; unknown -> JaxlogError."""
+    if names is None:
+        return None
+    given = names
+    try:
+        names = [names] if isinstance(names, str) else list(names)
+    except TypeError:  # not iterable: reported below with what was given
+        names = [given]
+    if not all(isinstance(n, str) and n for n in names):
+        raise JaxlogError(f"records= takes a record name or a list of them (leaf paths or prefixes), got {given!r}")
+    available: list[str] = []
+    for traj in trajs:
+        available += [p for p in traj.records if p not in available]
+    out: list[str] = []
+    for name in names:
+        name = name.strip("/")
+        hits = [p for p in available if p == name or p.startswith(name + "/")]
+        if not hits:
+            raise JaxlogError(f"record {name!r} is not recorded; recorded: {', '.join(available) or '(none)'}")
+        out += [p for p in hits if p not in out]
+    return tuple(out)
+
+
+def _step_mask(steps: np.ndarray, select: Any) -> np.ndarray:
+    """Which of ``steps`` the ``steps=`` argument keeps: a slice of step numbers
+    (``slice(100, None, 10)``), a range, step numbers, or a schedule (``jl.every``)."""
+    if select is None:
+        return np.ones(len(steps), bool)
+    if isinstance(select, slice):
+        lo = 0 if select.start is None else check_step(select.start, "steps=slice(start, ...)")
+        keep = steps >= lo
+        if select.stop is not None:
+            keep &= steps < check_step(select.stop, "steps=slice(..., stop)")
+        if select.step is not None:
+            stride = check_step(select.step, "steps=slice(..., ..., stride)")
+            if stride == 0:
+                raise JaxlogError(f"steps=slice(...) needs a positive stride, got {select.step}")
+            keep &= (steps - lo) % stride == 0
+        return keep
+    if hasattr(select, "mask"):  # a jl schedule
+        return np.asarray(select.mask(steps), bool)
+    if isinstance(select, (int, np.integer)):
+        return steps == check_step(select, "steps=")
+    try:
+        wanted = np.asarray(select if isinstance(select, np.ndarray) else list(select))
+    except (TypeError, ValueError):
+        wanted = None
+    if wanted is None or wanted.ndim != 1 or (wanted.size and wanted.dtype.kind not in "iu"):
+        raise JaxlogError(
+            f"steps= takes a slice, a range, step numbers (ints) or a schedule; got {select!r:.80}"
+        )
+    if wanted.size and wanted.min() < 0:
+        check_step(int(wanted.min()), "steps=: each step number")
+    return np.isin(steps, wanted.astype(np.int64))
+
+
+# --------------------------------------------------------------------------- result
+
+
+@dataclass
+class RecordDiff:
+    """How one leaf record differs. ``kind``: missing | extra | steps | shape | dtype | values."""
+
+    path: str
+    kind: str
+    detail: str
+    step: int | None = None  # first divergent step (values; steps: first differing step)
+    index: tuple[int, ...] | None = None  # index within the frame
+    obtained: Any = None
+    expected: Any = None
+    max_abs: float | None = None
+    max_rel: float | None = None
+    n_diff: int = 0
+    n_total: int = 0
+    n_nan: int = 0  # differing elements with a NaN on either side
+
+    def summary(self) -> str:
+        """One line: what a person reads first."""
+        if self.kind != "values":
+            return f"record {self.path!r}: {self.detail}"
+        where = f"step {self.step}"
+        if self.index:
+            where += f", index {self.index}"
+        return f"record {self.path!r} first differs at {where}: obtained {_fmt(self.obtained)}, expected {_fmt(self.expected)}"
+
+    def stats(self) -> str:
+        if self.kind != "values":
+            return ""
+        parts = []
+        if self.max_abs is not None:
+            parts.append(f"max abs error {self.max_abs:.4g}")
+        if self.max_rel is not None:
+            parts.append(f"max rel error {self.max_rel:.4g}")
+        parts.append(f"{self.n_diff} of {self.n_total} elements differ")
+        if self.n_nan:
+            parts.append(f"{self.n_nan} of them NaN")
+        return ", ".join(parts)
+
+
+@dataclass
+class Diff:
+    """Everything the engine found; ``ok`` when nothing differs. ``notes`` explain (provenance)."""
+
+    actual_path: str | None
+    expected_path: str | None
+    rtol: float
+    atol: float
+    equal_nan: bool
+    records: tuple[str, ...]  # leaf paths compared
+    differences: list[RecordDiff] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    n_elements: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.differences
+
+    @property
+    def first(self) -> RecordDiff | None:
+        """The difference to show first: structural ones, then the earliest divergent step."""
+        if not self.differences:
+            return None
+        structural = [d for d in self.differences if d.kind != "values"]
+        if structural:
+            return structural[0]
+        return min(self.differences, key=lambda d: (d.step if d.step is not None else -1))
+
+    def report(self, hint: str | None = None) -> str:
+        """The multi-line message: headline, per-record summaries, notes, then ``hint``."""
+        tol = f"rtol={self.rtol:g}, atol={self.atol:g}"
+        if self.ok:
+            return (
+                f"[jaxlog] trajectories match ({len(self.records)} records, {self.n_elements} elements, {tol})"
+            )
+        first = self.first
+        lines = [f"[jaxlog] trajectories differ: {first.summary()}"]
+        if first.kind == "values":
+            lines.append(f"  {first.stats()} ({tol})")
+        others = [d for d in self.differences if d is not first]
+        if others:
+            lines.append(f"  {len(others)} other difference{'s' if len(others) > 1 else ''}:")
+            for d in others:
+                line = f"    - {d.summary()}"
+                if d.kind == "values":
+                    line += f"; {d.stats()}"
+                lines.append(line)
+        if self.actual_path or self.expected_path:
+            lines.append(
+                f"  obtained: {display_path(self.actual_path)}; expected: {display_path(self.expected_path)}"
+            )
+        for note in self.notes:
+            lines.append(f"  note: {note}")
+        if hint:
+            lines.append(hint)
+        return "\n".join(lines)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "(none)"
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
+    return str(value)
+
+
+# --------------------------------------------------------------------------- engine
+
+
+def _comparable(values: np.ndarray) -> np.ndarray:
+    """Values in a dtype numpy can subtract: bfloat16/float16 -> float32 (exact)."""
+    if values.dtype.kind == "V" or values.dtype.name in ("bfloat16", "float16") or "float8" in values.dtype.name:
+        return values.astype(np.float32)
+    return values
+
+
+def _compare_values(path: str, steps: np.ndarray, a: np.ndarray, e: np.ndarray, *, rtol, atol, equal_nan, batched):
+    """Elementwise comparison of aligned frames (same steps, same shape)."""
+    a, e = _comparable(np.asarray(a)), _comparable(np.asarray(e))
+    inexact = a.dtype.kind in "fc" or e.dtype.kind in "fc"
+    if inexact:
+        a64 = a.astype(np.complex128 if "c" in (a.dtype.kind, e.dtype.kind) else np.float64)
+        e64 = e.astype(a64.dtype)
+        with np.errstate(invalid="ignore", over="ignore"):
+            err = np.abs(a64 - e64)
+            # infinities match only themselves (inf - inf is NaN; inf <= inf would pass anything)
+            close = (a64 == e64) | ((err <= atol + rtol * np.abs(e64)) & np.isfinite(a64) & np.isfinite(e64))
+        nan_a, nan_e = np.isnan(a64), np.isnan(e64)
+        close &= ~(nan_a | nan_e)
+        if equal_nan:
+            close |= nan_a & nan_e
+        bad = ~close
+        nan_bad = bad & (nan_a | nan_e)
+    else:  # integers, bools, PRNG key data: exact
+        bad = a != e
+        nan_bad = np.zeros_like(bad)
+        err = None
+    n_diff = int(bad.sum())
+    if not n_diff:
+        return None
+    first = tuple(int(i) for i in np.argwhere(bad)[0])
+    frame, index = first[0], first[1:]
+    out = RecordDiff(
+        path,
+        "values",
+        "values differ",
+        step=int(steps[frame]),
+        index=index,
+        obtained=a[first],
+        expected=e[first],
+        n_diff=n_diff,
+        n_total=int(bad.size),
+        n_nan=int(nan_bad.sum()),
+    )
+    if inexact:
+        num_bad = bad & ~nan_bad
+        finite = num_bad & np.isfinite(err)
+        if finite.any():
+            errs = err[finite]
+            out.max_abs = float(errs.max())
+            out.max_rel = _max_rel(errs, np.abs(e64[finite]))
+        elif num_bad.any():
+            out.max_abs = float("inf")
+    else:
+        d = np.abs(a[bad].astype(np.float64) - e[bad].astype(np.float64))
+        out.max_abs = float(d.max())
+    if batched and index:
+        out.detail = f"values differ (system {index[0]})"
+    return out
+
+
+def _max_rel(errs: np.ndarray, denom: np.ndarray) -> float:
+    """Largest ``errs / denom``; inf where ``denom`` is 0, or where the quotient exceeds float64
+    (a huge error over a subnormal expected value): divides only where ``denom > 0``, so no
+    divide-by-zero or overflow warning reaches the user's test run."""
+    rel = np.full(errs.shape, np.inf)
+    with np.errstate(over="ignore"):
+        np.divide(errs, denom, out=rel, where=denom > 0)
+    return float(rel.max())
+
+
+def _fmt_steps(steps: np.ndarray) -> str:
+    if len(steps) == 0:
+        return "no frames"
+    return f"{len(steps)} frames, steps {int(steps[0])}..{int(steps[-1])}"
+
+
+def diff_trajectories(
+    actual: Any,
+    expected: Any,
+    rtol: float = 1e-7,
+    atol: float = 0.0,
+    records: Sequence[str] | str | None = None,
+    steps: Any = None,
+    equal_nan: bool = True,
+) -> Diff:
+    """Compare two trajectories record by record; returns a ``Diff`` (never raises on a difference).
+
+    Checks, per leaf record: present on both sides, same steps, same per-frame shape, same dtype,
+    then values with ``|a - e| <= atol + rtol * |e|``. Floating records honour the tolerances and
+    the NaN policy (``equal_nan=True``: NaN matches NaN at the same position only); integer, bool
+    and PRNG-key records compare exactly. Values are still compared at the common steps when the
+    step sets differ, so the first divergence is reported either way.
+    """
+    a_traj, e_traj = as_trajectory(actual), as_trajectory(expected)
+    rtol, atol, chosen, equal_nan = _checked_options(rtol, atol, records, steps, equal_nan, a_traj, e_traj)
+    a_recs, e_recs = tuple(a_traj.records), tuple(e_traj.records)
+    if chosen is None:
+        paths = list(e_recs) + [p for p in a_recs if p not in e_recs]
+    else:
+        paths = list(chosen)
+    batched = bool(getattr(getattr(e_traj, "schema", None), "batched", False))
+    diff = Diff(
+        actual_path=_path_of(a_traj),
+        expected_path=_path_of(e_traj),
+        rtol=float(rtol),
+        atol=float(atol),
+        equal_nan=equal_nan,
+        records=tuple(paths),
+    )
+    for path in paths:
+        if path not in a_recs:
+            diff.differences.append(RecordDiff(path, "missing", "missing from the obtained trajectory"))
+            continue
+        if path not in e_recs:
+            diff.differences.append(RecordDiff(path, "extra", "not in the expected trajectory (extra record)"))
+            continue
+        a_steps = np.asarray(a_traj.steps(path), np.int64)
+        e_steps = np.asarray(e_traj.steps(path), np.int64)
+        a_keep, e_keep = _step_mask(a_steps, steps), _step_mask(e_steps, steps)
+        a_steps, e_steps = a_steps[a_keep], e_steps[e_keep]
+        if not np.array_equal(a_steps, e_steps):
+            only_a = np.setdiff1d(a_steps, e_steps)
+            only_e = np.setdiff1d(e_steps, a_steps)
+            first = min([int(x[0]) for x in (only_a, only_e) if len(x)])
+            what = []
+            if len(only_e):
+                what.append(f"{len(only_e)} expected steps missing (first {int(only_e[0])})")
+            if len(only_a):
+                what.append(f"{len(only_a)} unexpected steps (first {int(only_a[0])})")
+            diff.differences.append(
+                RecordDiff(
+                    path,
+                    "steps",
+                    f"steps differ: obtained {_fmt_steps(a_steps)}, expected {_fmt_steps(e_steps)}; " + ", ".join(what),
+                    step=first,
+                )
+            )
+        a_vals = np.asarray(a_traj[path])
+        e_vals = np.asarray(e_traj[path])
+        a_vals, e_vals = a_vals[a_keep], e_vals[e_keep]
+        if a_vals.shape[1:] != e_vals.shape[1:]:
+            diff.differences.append(
+                RecordDiff(path, "shape", f"shape differs: obtained {a_vals.shape[1:]}, expected {e_vals.shape[1:]} per frame")
+            )
+            continue
+        if a_vals.dtype != e_vals.dtype:
+            diff.differences.append(
+                RecordDiff(path, "dtype", f"dtype differs: obtained {a_vals.dtype.name}, expected {e_vals.dtype.name}")
+            )
+        common, ai, ei = np.intersect1d(a_steps, e_steps, assume_unique=True, return_indices=True)
+        diff.n_elements += int(np.prod(e_vals.shape[1:], dtype=np.int64)) * len(common)
+        vd = _compare_values(
+            path, common, a_vals[ai], e_vals[ei], rtol=rtol, atol=atol, equal_nan=equal_nan, batched=batched
+        )
+        if vd is not None:
+            diff.differences.append(vd)
+    if diff.differences:
+        diff.notes += provenance_notes(a_traj, e_traj)
+    return diff
+
+
+def _checked_options(rtol: Any, atol: Any, records: Any, steps: Any, equal_nan: Any, *trajs) -> tuple:
+    """(rtol, atol, leaf paths chosen, equal_nan), each validated; a bad one is a JaxlogError."""
+    _step_mask(np.zeros(0, np.int64), steps)
+    return (args.tolerance(rtol, "rtol"), args.tolerance(atol, "atol"), select_records(records, *trajs),
+            args.flag(equal_nan, "equal_nan"))
+
+
+def _path_of(traj) -> str | None:
+    p = getattr(traj, "path", None)
+    return None if p is None else str(p)
+
+
+def provenance_notes(actual, expected) -> list[str]:
+    """Why two trajectories may legitimately differ: another backend, x64, or an unfinished run."""
+    notes = []
+    pa = getattr(actual, "provenance", None) or {}
+    pe = getattr(expected, "provenance", None) or {}
+    ba, be = pa.get("backend"), pe.get("backend")
+    if ba and be and ba != be:
+        notes.append(
+            f"the expected trajectory was made on backend {be!r}, this one on {ba!r}: results differ across "
+            "backends; regenerate it on this backend or loosen rtol/atol"
+        )
+    xa, xe = pa.get("x64"), pe.get("x64")
+    if xa is not None and xe is not None and bool(xa) != bool(xe):
+        notes.append(
+            f"the expected trajectory was made with x64={'on' if xe else 'off'} (jax_enable_x64), "
+            f"this one with x64={'on' if xa else 'off'}"
+        )
+    sa, se = getattr(actual, "status", None), getattr(expected, "status", None)
+    if sa and se and sa != se:
+        notes.append(f"status: obtained {sa!r}, expected {se!r}")
+    return notes
+
+
+# --------------------------------------------------------------------------- public API
+
+
+_DIFF = inspect.signature(diff_trajectories)
+COMPARISON_OPTIONS = tuple(_DIFF.parameters)[2:]  # rtol, atol, records, steps, equal_nan
+
+
+def _share_options(kind: Any):
+    """Show ``diff_trajectories``' options in a wrapper's signature (``help``, IDEs), as ``kind``
+    (positional-or-keyword, or keyword-only): one declaration, so none can be dropped."""
+
+    def share(fn):
+        own = [p for p in inspect.signature(fn).parameters.values()
+               if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+        options = [_DIFF.parameters[name].replace(kind=kind) for name in COMPARISON_OPTIONS]
+        head = [p for p in own if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+        tail = [p for p in own if p.kind is inspect.Parameter.KEYWORD_ONLY]
+        if kind is inspect.Parameter.KEYWORD_ONLY:
+            params = head + tail + options
+        else:
+            params = head + options + tail
+        fn.__signature__ = inspect.signature(fn).replace(parameters=params)
+        return fn
+
+    return share
+
+
+def comparison_options(caller: str, options: tuple = (), kw: dict | None = None) -> dict:
+    """The comparison options given to ``caller`` (positional ones in declaration order) by name;
+    a misspelt or extra one is a JaxlogError listing the options."""
+    kw = dict(kw or {})
+    if len(options) > len(COMPARISON_OPTIONS):
+        raise JaxlogError(f"{caller}: takes at most {len(COMPARISON_OPTIONS)} comparison options "
+                          f"({', '.join(COMPARISON_OPTIONS)}), got {len(options)} positional ones")
+    for name, value in zip(COMPARISON_OPTIONS, options):
+        if name in kw:
+            raise JaxlogError(f"{caller}: option {name!r} given twice (by position and by name)")
+        kw[name] = value
+    unknown = [k for k in kw if k not in COMPARISON_OPTIONS]
+    if unknown:
+        raise JaxlogError(f"{caller}: unknown option{'s' if len(unknown) > 1 else ''} "
+                          f"{', '.join(map(repr, unknown))}; the options are {', '.join(COMPARISON_OPTIONS)}")
+    return kw
+
+
+@_share_options(inspect.Parameter.POSITIONAL_OR_KEYWORD)
+def assert_trajectory_close(actual: Any, expected: Any, *options: Any, hint: str | None = None, **kw: Any) -> None:
+    """Assert two trajectories (runs, Trajectories or paths) match record by record.
+
+    Takes ``diff_trajectories``' options, the one place they are declared: ``rtol=1e-7, atol=0.0,
+    records=None, steps=None, equal_nan=True`` (``records`` restricts the comparison to these
+    records, leaf paths or prefixes; ``steps`` to a slice/range/list of step numbers or a schedule).
+    Raises ``jl.TrajectoryMismatch`` (a ``jl.JaxlogError`` and an ``AssertionError``) naming the
+    first divergent record, step and index, the error statistics and, as last line, ``hint``; a
+    bad option or an unknown record is a ``jl.JaxlogError``.
+    """
+    __tracebackhide__ = True
+    diff = diff_trajectories(actual, expected, **comparison_options("assert_trajectory_close", options, kw))
+    if not diff.ok:
+        raise TrajectoryMismatch(diff.report(hint=hint), diff)
+
+
+def regen_hint(golden_path: str | os.PathLike, create: bool = False) -> str:
+    verb = "create" if create else "regenerate"
+    return f"run pytest with {REGEN_FLAG} to {verb} {display_path(golden_path)}"
+
+
+@_share_options(inspect.Parameter.KEYWORD_ONLY)
+def check_golden(actual: Any, golden_path: str | os.PathLike, *, regen: bool, **options: Any) -> str:
+    """Compare ``actual`` with the golden file, or (``regen=True``) write it. Returns "ok" | "regenerated".
+    ``options``: every option of ``assert_trajectory_close`` (rtol, atol, records, steps, equal_nan),
+    passed through unchanged.
+
+    Regeneration is unconditional (every golden a session touches is rewritten, not only failing
+    ones) and atomic (written beside, then renamed), so parallel workers never see half a file.
+    A misspelt option or unknown record fails on regeneration too, not at the next check.
+    """
+    __tracebackhide__ = True
+    if not isinstance(golden_path, (str, os.PathLike)):
+        raise JaxlogError(f"check_golden: the golden path must be a str or a path, got {golden_path!r}")
+    golden_path = Path(golden_path)
+    options = comparison_options("check_golden", (), options)
+    if args.flag(regen, "check_golden(regen=...)"):
+        traj = as_trajectory(actual)
+        given = _DIFF.bind(traj, traj, **options)
+        given.apply_defaults()  # validated now (records against this run), not at the next check
+        _checked_options(*(given.arguments[name] for name in COMPARISON_OPTIONS), traj)
+        golden_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = golden_path.with_name(f".{golden_path.stem}.{os.getpid()}.tmp{golden_path.suffix or '.h5'}")
+        try:
+            traj.save(tmp)
+            os.replace(tmp, golden_path)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+        return "regenerated"
+    if not golden_path.exists():
+        raise TrajectoryMismatch(
+            f"[jaxlog] golden trajectory {display_path(golden_path)} does not exist; "
+            + regen_hint(golden_path, create=True)
+        )
+    assert_trajectory_close(actual, golden_path, hint=regen_hint(golden_path), **options)
+    return "ok"
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._+=-]")
+
+
+def golden_name(nodeid: str, suffix: str = ".h5", *, name: str | None = None) -> str:
+    """A file name for a test's golden, from its pytest node id and the check's ``name=``; stable across
+    runs and machines, and different for every (test, name) pair.
+
+    ``examples/test_lj.py::TestNVE::test_energy[64-float32]`` ->
+    ``examples.test_lj.TestNVE.test_energy-64-float32.h5`` (``/`` and ``::`` -> ``.``, ``.py`` dropped,
+    ``[a-b]`` -> ``-a-b``); with ``name="second"``: ``...test_energy-64-float32--second.h5``. The ``--``
+    before the name appears nowhere else in a plain name, so ``test_f[a]`` with ``name="b"``
+    (``test_f-a--b``) and ``test_f[a-b]`` (``test_f-a-b``) differ. When characters had to be replaced,
+    the test part would contain ``--`` or end with ``-``, or the name would be long (over 120
+    characters), a short hash of the node id (and name) keeps names unique and within file-name limits.
+    """
+    file, _, rest = nodeid.partition("::")
+    if file.endswith(".py"):
+        file = file[:-3]
+    raw = file.replace("\\", "/").split("/")
+    parts = [p for p in raw if p not in ("", ".", "..")]
+    head, bracket, param = rest.partition("[")  # the parameter id may hold '::' itself: split it off first
+    if bracket and not param.endswith("]"):
+        head, bracket, param = rest, "", ""
+    parts += [p for p in head.split("::") if p]
+    # a '.' inside a part ('v1.2/test_x.py' vs 'v1/2/test_x.py') or a '..' dropped from the path would
+    # make two tests' names equal: hashed like replaced characters
+    ambiguous = ".." in raw or any("." in p for p in parts)
+    stem = ".".join(parts)
+    if bracket:
+        stem = f"{stem}-{param[:-1]}"
+    safe = _UNSAFE.sub("_", stem)
+    # '--' separates the check's name: a test part with '--' in it, or ending in '-', is hashed
+    if safe != stem or ambiguous or "--" in safe or safe.endswith("-") or len(safe) > 120:
+        safe = f"{safe[:110]}-{_digest(nodeid)}"
+    if name is not None:
+        name = str(name)
+        clean = _UNSAFE.sub("_", name)
+        full = f"{safe}--{clean}"
+        if clean != name or clean.startswith("-") or len(full) > 120:
+            full = f"{full[:110]}-{_digest(nodeid + chr(0) + name)}"
+        safe = full
+    return safe + suffix
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:8]

@@ -1,0 +1,580 @@
+"""The per-process session: where artifacts go, which tests keep them, what the manifest and the
+terminal summary say, and how xdist workers' results reach the controller's manifest.
+
+Knows tests only through ``TestState`` (what the fixtures noted: files, violations, runs, goldens),
+so the fixture objects stay replaceable. Imports pytest and the standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import pytest
+
+from ..errors import JaxlogError
+from .devices import child_spec
+from .options import (
+    GOLDEN_DIR_INI,
+    OPTIONS,
+    Settings,
+    lookup,
+    marker_settings,
+    parse_flag,
+    resolve_settings,
+    what,
+)
+
+MANIFEST_VERSION = 2
+MANIFEST_NAME = "manifest.json"
+JAXLOG_FIXTURES = ("jaxlog", "jaxlog_factory")
+
+
+def safe_name(nodeid: str) -> str:
+    """The artifact directory name of a test: the same name its golden file gets (``golden_name``), e.g.
+    ``examples/test_lj.py::test_nve[64]`` -> ``examples.test_lj.test_nve-64``; replaced characters or
+    long ids add a hash of the node id, so names stay unique (parametrize ids, xdist)."""
+    from ..golden import golden_name  # lazy: numpy; the plugin module stays light
+
+    return golden_name(nodeid, suffix="")
+
+
+def uses_jaxlog(item: pytest.Item) -> bool:
+    """Whether a test asks for jaxlog (a fixture or the marker), used or not before it failed."""
+    names = getattr(item, "fixturenames", ())
+    return any(n in names for n in JAXLOG_FIXTURES) or item.get_closest_marker("jaxlog") is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# what the fixtures note about one test
+
+
+@dataclass
+class RunNote:
+    """One run's timings as the manifest and the report section show them."""
+
+    name: str
+    steps: int
+    wall_s: float
+    steps_per_s: float | None  # None when not finite (a run too short to time)
+    compiles: int
+    status: str | None = None
+    stop_reason: str | None = None  # jl.run: until | steps | violation | interrupted
+    from_cache: int = 0  # of the compiles, loaded from JAX's persistent compilation cache
+
+    def line(self) -> str:
+        rate = "" if self.steps_per_s is None else f", {self.steps_per_s:.4g} steps/s"
+        why = f", stopped by {self.stop_reason}" if self.stop_reason not in (None, "steps") else ""
+        status = f" ({self.status}{why})" if self.status else ""
+        plural = "" if self.compiles == 1 else "s"
+        cached = f", {self.from_cache} from the compile cache" if self.from_cache else ""
+        return (f"{self.name}: {self.steps} steps in {self.wall_s:.3g} s{rate}, {self.compiles} compile{plural}"
+                f"{cached}{status}")
+
+
+@dataclass
+class ViolationNote:
+    """A violation that failed (or warned in) the test: its JSON, and the files of the run it came from."""
+
+    message: str
+    json: dict
+    files: dict[str, Path] = field(default_factory=dict)
+
+
+@dataclass
+class GoldenNote:
+    path: Path
+    status: str  # ok | regenerated | created
+
+
+class Refreshable(Protocol):
+    """What the session asks of a fixture object before a failing test's report: note what open
+    recorders and windows wrote so far."""
+
+    def refresh(self) -> None: ...
+
+
+@dataclass
+class TestState:
+    """What the plugin knows about one test that used jaxlog (kept on ``item.stash``)."""
+
+    __test__ = False  # not a pytest test class
+
+    nodeid: str
+    dir: Path
+    settings: Settings
+    artifacts: dict[str, Path] = field(default_factory=dict)
+    kinds: dict[str, str] = field(default_factory=dict)
+    violations: list[ViolationNote] = field(default_factory=list)
+    runs: list[RunNote] = field(default_factory=list)
+    goldens: list[GoldenNote] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # e.g. a default profile window that did not fit a run
+    examples: int = 0
+    kept_example: Path | None = None
+    pending_example: Path | None = None  # the last example that passed inside its `with` (the test may still fail)
+    fixtures: list[Refreshable] = field(default_factory=list)  # this test's fixture objects (refreshed for reports)
+    _seen: list[Any] = field(default_factory=list)  # violation objects noted (by identity)
+
+    @property
+    def compiles(self) -> int:
+        return sum(r.compiles for r in self.runs)
+
+    def add_artifacts(self, artifacts: dict[str, Path], label: str) -> None:
+        """Keys: the kind for the test's first run, ``<label>:<kind>`` for the others."""
+        for kind, path in artifacts.items():
+            key = kind if label == "trajectory" else f"{label}:{kind}"
+            self.artifacts[key] = Path(path)
+            self.kinds[key] = kind
+
+    def note_violation(self, violation: Any, files: dict[str, Path] | None = None) -> None:
+        """Note a violation once (by identity and by message); ``files``: its run's artifacts, if ours."""
+        if violation is None or any(v is violation for v in self._seen):
+            return
+        self._seen.append(violation)
+        msg = str(violation)
+        if any(v.message == msg for v in self.violations):
+            return
+        doc = violation.to_json() if hasattr(violation, "to_json") else {"message": msg}
+        self.violations.append(ViolationNote(msg, doc, {k: Path(p) for k, p in (files or {}).items()}))
+
+    def note_run(self, label: str, obj: Any) -> None:
+        """Note the timings of a finished (or failed) run or recorder, if it has any."""
+        t = getattr(obj, "timings", None)
+        if t is None:
+            return
+        rate = getattr(t, "steps_per_s", None)
+        status = getattr(obj, "status", None)
+        reason = getattr(obj, "stop_reason", None)
+        self.runs.append(RunNote(
+            name=label,
+            steps=int(getattr(t, "steps", 0) or 0),
+            wall_s=float(getattr(t, "wall_s", 0.0) or 0.0),
+            steps_per_s=float(rate) if isinstance(rate, (int, float)) and math.isfinite(rate) else None,
+            compiles=int(getattr(t, "compiles", 0) or 0),
+            status=status if isinstance(status, str) else None,
+            stop_reason=reason if isinstance(reason, str) else None,
+            from_cache=int(getattr(t, "from_cache", 0) or 0),
+        ))
+
+    def drop_example(self, d: Path) -> None:
+        """Remove a hypothesis example's directory and forget its files and runs."""
+        shutil.rmtree(d, ignore_errors=True)  # already gone or half removed: nothing left to keep
+        for k in [k for k, p in self.artifacts.items() if _under(p, d)]:
+            self.artifacts.pop(k, None)
+        self.runs = [r for r in self.runs if not r.name.startswith(f"{d.name}/")]
+
+
+STATE_KEY = pytest.StashKey[TestState]()
+REPORTS_KEY = pytest.StashKey[dict]()
+SESSION_KEY = pytest.StashKey["JaxlogSession"]()
+
+
+# ---------------------------------------------------------------------------------------------
+# the session
+
+
+class JaxlogSession:
+    """One per pytest process, in ``config.stash``: settings, artifact directories, manifest entries."""
+
+    def __init__(self, config: pytest.Config):
+        self.config = config
+        self.worker = getattr(config, "workerinput", None)
+        try:
+            child = child_spec()
+        except JaxlogError as e:
+            raise pytest.UsageError(str(e)) from None
+        if self.worker is None and child is not None:  # a child running one test for a parent session
+            self.worker = {"workerid": child.get("workerid"), "jaxlog_dir": child.get("jaxlog_dir")}
+        self.invocation_dir = Path(config.invocation_params.dir).resolve()
+        self.rootdir = Path(config.rootpath).resolve()
+        try:
+            self.base = self._resolve_base()
+            self.settings = resolve_settings(config)
+            regen, create = lookup(config, "regen"), lookup(config, "create_goldens")
+            self.regen = parse_flag(regen.value, what("regen", regen))
+            self.create_goldens = parse_flag(create.value, what("create_goldens", create))
+            self.compile_cache = self._resolve_compile_cache()
+        except JaxlogError as e:
+            raise pytest.UsageError(str(e)) from None
+        self._undo_compile_cache = None
+        golden = Path(os.path.expanduser(str(config.getini(GOLDEN_DIR_INI))))
+        self.golden_dir = golden if golden.is_absolute() else self.rootdir / golden
+        self.entries: dict[str, dict] = {}
+        self.current_item: pytest.Item | None = None
+        self.started = time.time()
+        self.stale: dict[str, dict] = {}  # directories of earlier sessions kept (keep=all), by dir name
+        self.removed_stale: list[str] = []
+        self.start_notes: list[str] = []
+        self.previous_manifest = False
+
+    def catch_sigterm(self) -> None:
+        """SIGTERM (CI cancellation, a job time limit) ends the session like Ctrl-C: the running
+        test's run stops with its files ``stopped`` and every frame on disk, and pytest still
+        writes its reports and the manifest. Only over the default action, in the main thread."""
+        from ..drive.signals import sigterm_as_interrupt
+
+        self._sigterm = sigterm_as_interrupt()
+        self._sigterm.__enter__()
+
+    def release_sigterm(self) -> None:
+        """Give SIGTERM back its previous handler."""
+        held = getattr(self, "_sigterm", None)
+        if held is not None:
+            self._sigterm = None
+            held.__exit__(None, None, None)
+
+    def _resolve_compile_cache(self) -> Path | None:
+        src = lookup(self.config, "compile_cache")
+        text = str(src.value).strip()
+        if text.lower() in ("", "none", "off"):
+            return None
+        where = self.invocation_dir if src.origin in ("cli", "env") else self.rootdir
+        path = (where / os.path.expanduser(text)).resolve()
+        if path.exists() and not path.is_dir():
+            raise JaxlogError(f"{what('compile_cache', src)}: {path} is a file, not a directory")
+        return path
+
+    def use_compile_cache(self) -> None:
+        """Point JAX's persistent compilation cache at ``--jaxlog-compile-cache`` for this session."""
+        if self.compile_cache is not None and self._undo_compile_cache is None:
+            from .compile_cache import use_compile_cache
+
+            try:
+                self._undo_compile_cache = use_compile_cache(self.compile_cache)
+            except OSError as e:
+                raise pytest.UsageError(f"jaxlog compile_cache: cannot create {self.compile_cache}: {e}") from None
+
+    def release_compile_cache(self) -> None:
+        undo, self._undo_compile_cache = self._undo_compile_cache, None
+        if undo is not None:
+            undo()
+
+    def _resolve_base(self) -> Path:
+        if self.worker is not None and "jaxlog_dir" in self.worker:
+            return Path(self.worker["jaxlog_dir"])
+        src = lookup(self.config, "dir")
+        where = self.invocation_dir if src.origin in ("cli", "env") else self.rootdir
+        base = (where / os.path.expanduser(str(src.value))).resolve()
+        if base.exists() and not base.is_dir():  # else every test errors and the manifest crashes the session
+            raise JaxlogError(f"jaxlog dir ({OPTIONS['dir'].sources()}): {base} is a file, not a directory")
+        return base
+
+    def display(self, path: Path | str) -> str:
+        """``path`` relative to the invocation directory when below it: what a user types next."""
+        return _rel(Path(path), self.invocation_dir)
+
+    def manifest_path(self, path: Path | str) -> str:
+        """``path`` relative to the manifest's directory (relative input: to the invocation directory)."""
+        p = Path(path)
+        if not p.is_absolute():
+            p = self.invocation_dir / p
+        try:
+            return Path(os.path.relpath(p, self.base)).as_posix()
+        except ValueError:  # another drive (Windows): no relative form exists
+            return str(p)
+
+    # -- session start: directories of earlier sessions -------------------------------------------
+    def start(self) -> None:
+        """Deal with the artifact directories the previous manifest names: removed under keep=failed or
+        none (the folder then holds only this session's evidence), kept and listed as stale under
+        keep=all. Only directories a manifest names are touched, never other files in the folder."""
+        if self.worker is not None or self.config.option.collectonly:
+            return
+        path = self.base / MANIFEST_NAME
+        if not path.is_file():
+            return
+        try:
+            doc = json.loads(path.read_text())
+            finished = doc.get("finished")
+            old = [{"nodeid": t.get("nodeid"), "dir": t.get("dir"), "outcome": t.get("outcome"), "finished": finished}
+                   for t in doc.get("tests", ()) if t.get("dir")]
+            old += [s for s in doc.get("stale", ()) if isinstance(s, dict) and s.get("dir")]
+        except (OSError, ValueError, AttributeError, TypeError) as e:
+            self.start_notes.append(f"the previous {self.display(path)} is unreadable ({e}): the directories it "
+                                    "names were left as they are")
+            return
+        self.previous_manifest = True
+        for entry in old:
+            name = str(entry["dir"])
+            d = self.base / name
+            if Path(name).name != name or name in (".", "..") or not d.is_dir():  # only direct subdirectories
+                continue
+            if self.settings.keep == "all":
+                self.stale[name] = entry
+            else:
+                shutil.rmtree(d, ignore_errors=True)  # best effort: a file held open elsewhere stays, nothing else
+                self.removed_stale.append(name)
+
+    # -- per test --------------------------------------------------------------------------------
+    def state_for(self, item: pytest.Item) -> TestState:
+        """The item's state, created (with a fresh artifact directory) on first use."""
+        state = item.stash.get(STATE_KEY, None)
+        if state is None:
+            error = None
+            try:
+                settings = marker_settings(item, self.settings)
+            except JaxlogError as e:
+                error = str(e)
+            if error is not None:  # outside the except: no "During handling ..." repeat of the message
+                pytest.fail(error, pytrace=False)
+            d = self.base / safe_name(item.nodeid)
+            if d.exists():  # stale from an earlier session: never mix runs
+                shutil.rmtree(d, ignore_errors=True)
+            state = TestState(item.nodeid, d, settings)
+            item.stash[STATE_KEY] = state
+        return state
+
+    def finish_item(self, item: pytest.Item, teardown_excinfo: Any) -> dict | None:
+        """Decide the outcome, keep or remove the artifacts, set user properties; return the manifest entry."""
+        state = item.stash.get(STATE_KEY, None)
+        reports = item.stash.get(REPORTS_KEY, {})
+        outcome = _outcome(reports, teardown_excinfo)
+        if state is None:
+            if outcome == "error" and uses_jaxlog(item):  # failed before the fixture was made: still listed
+                return self._entry(item, outcome, reports, teardown_excinfo)
+            return None
+        keep = state.settings.keep
+        failed_like = outcome in ("failed", "error", "xfailed", "xpassed")
+        kept = keep == "all" or (keep == "failed" and failed_like)
+        if kept and keep == "failed" and state.pending_example is not None:
+            # the test failed after the last example's `with` block (an assert on the run): that example,
+            # the one hypothesis replays last, is the failing one; an earlier kept example is not
+            if state.kept_example is not None and state.kept_example != state.pending_example:
+                state.drop_example(state.kept_example)
+            state.kept_example, state.pending_example = state.pending_example, None
+        if not kept and state.dir.exists():
+            shutil.rmtree(state.dir, ignore_errors=True)  # best effort: leftovers are removed next session
+        artifacts = {k: p for k, p in state.artifacts.items() if Path(p).exists()} if kept else {}
+        kept = kept and state.dir.exists()
+        props = item.user_properties
+        props.append(("jaxlog.compiles", str(state.compiles)))
+        for key, path in artifacts.items():
+            kind = state.kinds.get(key, key)
+            if kind == "trajectory":
+                props.append(("jaxlog.trajectory", self.display(path)))
+            elif kind in ("jax_trace", "timeline"):
+                props.append(("jaxlog.trace", self.display(path)))
+        if kept:
+            props.append(("jaxlog.dir", self.display(state.dir)))
+        entry = self._entry(item, outcome, reports, teardown_excinfo)
+        entry.update(
+            kept=kept,
+            dir=self.manifest_path(state.dir) if kept else None,
+            artifacts={k: self.manifest_path(p) for k, p in artifacts.items()},
+            violations=[self._violation_json(v) for v in state.violations],
+            compiles=state.compiles,
+            runs=[asdict(r) for r in state.runs],
+            goldens=[{"path": self.manifest_path(g.path), "status": g.status} for g in state.goldens],
+            notes=list(state.notes),
+            examples=state.examples,
+        )
+        return entry
+
+    def interrupted_item(self, item: pytest.Item) -> None:
+        """The session was interrupted inside ``item`` (Ctrl-C, SIGTERM): its artifacts are the
+        evidence of where it stopped, so they are kept and listed whatever ``--jaxlog-keep`` says."""
+        state = item.stash.get(STATE_KEY, None)
+        entry = self._entry(item, "interrupted", {}, None)
+        if state is not None:
+            artifacts = {k: p for k, p in state.artifacts.items() if Path(p).exists()}
+            entry.update(kept=state.dir.exists(), dir=self.manifest_path(state.dir) if state.dir.exists() else None,
+                         artifacts={k: self.manifest_path(p) for k, p in artifacts.items()},
+                         violations=[self._violation_json(v) for v in state.violations], compiles=state.compiles,
+                         runs=[asdict(r) for r in state.runs], notes=list(state.notes))
+        self.record_entry(entry)
+
+    def _entry(self, item: pytest.Item, outcome: str, reports: dict, teardown_excinfo: Any) -> dict:
+        entry: dict[str, Any] = {
+            "nodeid": item.nodeid, "outcome": outcome, "kept": False, "dir": None, "artifacts": {},
+            "violations": [], "compiles": 0, "runs": [], "goldens": [], "notes": [], "examples": 0,
+            "worker": (self.worker or {}).get("workerid"),
+        }
+        if outcome == "error":
+            entry["error"] = _error_line(reports, teardown_excinfo)
+        return entry
+
+    def _violation_json(self, note: ViolationNote) -> dict:
+        doc = dict(note.json)
+        files = note.files or {k: Path(str(v)) for k, v in (doc.get("artifacts") or {}).items()}
+        doc["artifacts"] = {k: self.manifest_path(p) for k, p in files.items()}
+        return doc
+
+    def note_failure(self, item: pytest.Item, excinfo: Any) -> None:
+        """Before the call report: gather what open recorders wrote and the violation that failed the test."""
+        state = item.stash.get(STATE_KEY, None)
+        if state is None:
+            return
+        for fx in list(state.fixtures):
+            fx.refresh()
+        exc = getattr(excinfo, "value", None)
+        if isinstance(exc, AssertionError) and hasattr(exc, "invariant") and hasattr(exc, "to_json"):
+            # not from the fixture's runs (those are noted already): a jl.run of the test's own, its files not ours
+            state.note_violation(exc)
+
+    def section(self, item: pytest.Item) -> str | None:
+        state = item.stash.get(STATE_KEY, None)
+        if state is None:
+            return None
+        lines = []
+        for v in state.violations:
+            lines.append(f"violation: {v.message}")
+        lines.append(f"artifacts: {self.display(state.dir)}")
+        for key, path in state.artifacts.items():
+            lines.append(f"  {key}: {self.display(path)}")
+        if state.runs:
+            lines.append("runs:")
+            lines.extend(f"  {r.line()}" for r in state.runs)
+        lines.append(f"compiles: {state.compiles}")
+        for note in state.notes:
+            lines.append(f"note: {note}")
+        if "jaxlog" in getattr(item, "fixturenames", ()) and getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
+            lines.append("hint: in @given tests use the jaxlog_factory fixture, `with jaxlog_factory() as jaxlog:` "
+                         "inside the test: one artifact directory per example, the failing one kept")
+        if state.settings.keep == "none":
+            lines.append("(artifacts are removed at teardown: --jaxlog-keep=none)")
+        return "\n".join(lines)
+
+    def record_entry(self, entry: dict) -> None:
+        """An entry from this process's teardown report, or (xdist controller) from a worker's."""
+        self.entries[entry["nodeid"]] = entry
+
+    # -- end of session --------------------------------------------------------------------------
+    def _stale_left(self) -> list[dict]:
+        rerun = {e.get("dir") for e in self.entries.values()}
+        return [s for name, s in sorted(self.stale.items()) if name not in rerun and (self.base / name).is_dir()]
+
+    def write_manifest(self, exitstatus: int) -> Path | None:
+        """``manifest.json`` in the artifact directory; every path in it is relative to that directory."""
+        if self.worker is not None or not (self.entries or self.previous_manifest):
+            return None
+        self.base.mkdir(parents=True, exist_ok=True)
+        path = self.base / MANIFEST_NAME
+        doc = {
+            "version": MANIFEST_VERSION,
+            "paths": "relative to the directory of this file",
+            "started": self.started,
+            "finished": time.time(),
+            "exitstatus": int(exitstatus),
+            "rootdir": self.manifest_path(self.rootdir),
+            "golden_dir": self.manifest_path(self.golden_dir),
+            "settings": {
+                "keep": self.settings.keep,
+                "profile": self.settings.profile,
+                "on_violation": self.settings.on_violation,
+                "chunk": self.settings.chunk,
+                "compile_cache": None if self.compile_cache is None else self.manifest_path(self.compile_cache),
+                "regen": self.regen,
+                "create_goldens": self.create_goldens,
+            },
+            "tests": sorted(self.entries.values(), key=lambda e: e["nodeid"]),
+            "stale": self._stale_left(),
+        }
+        tmp = path.with_name(f".manifest-{os.getpid()}.json")
+        tmp.write_text(json.dumps(doc, indent=1, default=str))
+        os.replace(tmp, path)
+        return path
+
+    def summary(self, tr: Any) -> None:
+        if self.worker is not None or not (self.entries or self.removed_stale or self.stale or self.start_notes):
+            return
+        tr.write_sep("-", "jaxlog")
+        limit = 30
+        if self.entries:
+            kept = [e for e in self.entries.values() if e["kept"]]
+            tr.write_line(
+                f"artifacts kept for {len(kept)} of {len(self.entries)} jaxlog tests in {self.display(self.base)} "
+                f"(--jaxlog-keep={self.settings.keep}); manifest: {self.display(self.base / MANIFEST_NAME)}"
+            )
+            for e in sorted(kept, key=lambda e: (e["outcome"] == "passed", e["nodeid"]))[:limit]:
+                tr.write_line(f"  {e['outcome'].upper():8} {e['nodeid']} -> {self.display(self.base / e['dir'])}")
+            if len(kept) > limit:
+                tr.write_line(f"  ... and {len(kept) - limit} more (see {MANIFEST_NAME})")
+        if self.compile_cache is not None and self.entries:
+            runs = [r for e in self.entries.values() for r in e.get("runs", ())]
+            compiled = sum(int(r.get("compiles", 0)) for r in runs)
+            cached = sum(int(r.get("from_cache", 0)) for r in runs)
+            tr.write_line(f"compile cache {self.display(self.compile_cache)}: {cached} of the {compiled} programs the "
+                          f"runs needed came from it")
+        rerun = {safe_name(nodeid) for nodeid in self.entries}  # replaced by this session's run of the test anyway
+        removed = [n for n in self.removed_stale if n not in rerun]
+        if removed:
+            tr.write_line(f"removed {len(removed)} artifact directories left by an earlier session for tests "
+                          f"not run in this one (--jaxlog-keep={self.settings.keep})")
+        for note in self.start_notes:
+            tr.write_line(f"note: {note}")
+        stale = self._stale_left()
+        if stale:
+            tr.write_line(f"{len(stale)} artifact directories from an earlier session kept (--jaxlog-keep=all), "
+                          f"listed as stale in {MANIFEST_NAME}")
+        notes = [(e["nodeid"], n) for e in sorted(self.entries.values(), key=lambda e: e["nodeid"])
+                 for n in e.get("notes", ())]
+        if notes:
+            tr.write_line(f"notes ({len(notes)}):")
+            for nodeid, note in notes[:limit]:
+                tr.write_line(f"  {nodeid}: {note}")
+            if len(notes) > limit:
+                tr.write_line(f"  ... and {len(notes) - limit} more (see {MANIFEST_NAME})")
+        for status, how in (("regenerated", "--jaxlog-regen"), ("created", "--jaxlog-create-goldens")):
+            files = sorted(g["path"] for e in self.entries.values() for g in e["goldens"] if g.get("status") == status)
+            if files:
+                tr.write_line(f"{status} {len(files)} golden trajectories ({how}):")
+                for p in files:
+                    tr.write_line(f"  {self.display(os.path.normpath(self.base / p))}")
+
+
+def _rel(path: Path, base: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(base))
+    except ValueError:
+        return str(path)
+
+
+def _under(path: Path, d: Path) -> bool:
+    try:
+        Path(path).relative_to(d)
+        return True
+    except ValueError:
+        return False
+
+
+def _outcome(reports: dict[str, Any], teardown_excinfo: Any) -> str:
+    setup, call = reports.get("setup"), reports.get("call")
+    if setup is not None and setup.failed:
+        return "error"
+    if setup is not None and setup.skipped:
+        return "xfailed" if hasattr(setup, "wasxfail") else "skipped"
+    if call is not None:
+        if hasattr(call, "wasxfail"):
+            if call.skipped:
+                return "xfailed"
+            return "xpassed" if call.passed else "failed"
+        if call.failed:
+            return "failed"
+        if call.skipped:
+            return "skipped"
+    if teardown_excinfo is not None:
+        return "error"
+    return "passed"
+
+
+def _error_line(reports: dict[str, Any], teardown_excinfo: Any) -> str:
+    """The first line of what made a test error: its setup failure, else its teardown exception."""
+    setup = reports.get("setup")
+    if setup is not None and setup.failed:
+        longrepr = setup.longrepr
+        text = getattr(longrepr, "errorstring", None)  # a missing fixture
+        if text is None:
+            crash = getattr(longrepr, "reprcrash", None)
+            text = getattr(crash, "message", None) or str(longrepr)
+        lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+        line = lines[0] if lines else "setup failed"
+        return (line[len("Failed: "):] if line.startswith("Failed: ") else line)[:500]  # pytest.fail()'s prefix
+    if teardown_excinfo is not None:
+        return teardown_excinfo.exconly().strip().splitlines()[0][:500]
+    return "error"

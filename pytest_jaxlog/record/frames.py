@@ -1,0 +1,217 @@
+"""The one frame format every driver produces and every sink and invariant consumes.
+
+A ``Schema`` says what each leaf record is (path, per-frame shape, dtype, schedule); a ``Frames``
+batch holds, for some leaf paths, the recorded steps and the values stacked along axis 0.
+Values are host numpy arrays; PRNG keys arrive as their key data (``key_impl`` notes the impl).
+In a run over several processes, a record no process holds whole arrives as ``Shards``: the
+blocks of it this process writes, with the layout of all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from ..errors import JaxlogError
+from ..record.schedule import Schedule, schedule_from_json
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class LeafSpec:
+    path: str  # "energy", "state/positions", "aux/ke"
+    record: str  # the top-level record it came from: "energy", "state", "aux"
+    shape: tuple[int, ...]  # per-frame shape (leading system axis included when batched)
+    dtype: np.dtype  # host dtype (ml_dtypes.bfloat16 for bfloat16; uint32 key data for keys)
+    schedule: Schedule
+    key_impl: str | None = None  # name of the PRNG impl when the leaf is a typed key array
+
+    def to_json(self) -> dict:
+        return {
+            "path": self.path,
+            "record": self.record,
+            "shape": list(self.shape),
+            "dtype": dtype_name(self.dtype),
+            "schedule": self.schedule.to_json(),
+            "key_impl": self.key_impl,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "LeafSpec":
+        return cls(
+            path=data["path"],
+            record=data["record"],
+            shape=tuple(data["shape"]),
+            dtype=dtype_from_name(data["dtype"]),
+            schedule=schedule_from_json(data["schedule"]),
+            key_impl=data.get("key_impl"),
+        )
+
+
+@dataclass(frozen=True)
+class Schema:
+    leaves: tuple[LeafSpec, ...]
+    batched: bool = False
+    dt: float | None = None
+
+    def __post_init__(self):
+        seen = set()
+        for leaf in self.leaves:
+            if leaf.path in seen:
+                raise JaxlogError(f"duplicate record path {leaf.path!r}")
+            seen.add(leaf.path)
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return tuple(leaf.path for leaf in self.leaves)
+
+    def __getitem__(self, path: str) -> LeafSpec:
+        for leaf in self.leaves:
+            if leaf.path == path:
+                return leaf
+        raise KeyError(path)
+
+    def __contains__(self, path: str) -> bool:
+        return any(leaf.path == path for leaf in self.leaves)
+
+    def resolve(self, name: str) -> tuple[str, ...]:
+        """Leaf paths named by ``name``: the leaf itself or every leaf under that prefix."""
+        hits = tuple(p for p in self.paths if p == name or p.startswith(name + "/"))
+        if not hits:
+            raise JaxlogError(f"record {name!r} is not recorded; recorded: {', '.join(self.paths) or '(none)'}")
+        return hits
+
+    @property
+    def n_systems(self) -> int | None:
+        if not self.batched or not self.leaves:
+            return None
+        return self.leaves[0].shape[0] if self.leaves[0].shape else None
+
+    def to_json(self) -> dict:
+        return {"leaves": [leaf.to_json() for leaf in self.leaves], "batched": self.batched, "dt": self.dt}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Schema":
+        return cls(tuple(LeafSpec.from_json(x) for x in data["leaves"]), data.get("batched", False), data.get("dt"))
+
+
+@dataclass(frozen=True)
+class Block:
+    """One block of a record's per-frame value: ``index`` is ``(start, stop)`` per axis of the
+    global value; ``owner`` the process that writes it (the lowest one holding it)."""
+
+    index: tuple[tuple[int, int], ...]
+    owner: int
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(b - a for a, b in self.index)
+
+    @property
+    def slices(self) -> tuple[slice, ...]:
+        return tuple(slice(a, b) for a, b in self.index)
+
+    def to_json(self) -> dict:
+        return {"index": [list(ab) for ab in self.index], "owner": self.owner}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Block":
+        return cls(tuple((int(a), int(b)) for a, b in data["index"]), int(data["owner"]))
+
+
+@dataclass(frozen=True)
+class Shards:
+    """Frames of a record sharded across processes, as one process holds them: ``blocks`` is the
+    layout of the whole per-frame value (``value_shape``), ``local`` the values of the blocks this
+    process writes (block number -> ``[frames, *block shape]``). Indexing selects frames, like
+    an array's axis 0; nothing here assembles the global value (no process could)."""
+
+    value_shape: tuple[int, ...]  # the global per-frame shape
+    dtype: np.dtype
+    blocks: tuple[Block, ...]
+    local: dict[int, np.ndarray]
+    frames: int
+
+    def __len__(self) -> int:
+        return self.frames
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.frames, *self.value_shape)
+
+    @property
+    def ndim(self) -> int:
+        return 1 + len(self.value_shape)
+
+    def __getitem__(self, index) -> "Shards":
+        if isinstance(index, (int, np.integer)) or (isinstance(index, tuple)):
+            raise JaxlogError("sharded frames are selected by frames only (a slice, a mask or step positions)")
+        n = len(np.arange(self.frames)[index])
+        return Shards(self.value_shape, self.dtype, self.blocks, {b: v[index] for b, v in self.local.items()}, n)
+
+
+def concat_values(a, b):
+    """Two batches of one record's values, one after the other (arrays, or Shards of one layout)."""
+    if isinstance(a, Shards) or isinstance(b, Shards):
+        if not (isinstance(a, Shards) and isinstance(b, Shards) and a.blocks == b.blocks):
+            raise JaxlogError("frames of one record arrived in two block layouts; a record keeps one layout")
+        return Shards(a.value_shape, a.dtype, a.blocks, {k: np.concatenate([a.local[k], b.local[k]]) for k in a.local},
+                      a.frames + b.frames)
+    return np.concatenate([a, b])
+
+
+@dataclass
+class Frames:
+    """A batch of recorded values: per leaf path, ``steps`` (int64, ascending) and ``values``."""
+
+    steps: dict[str, np.ndarray] = field(default_factory=dict)
+    values: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def add(self, path: str, steps: np.ndarray, values: np.ndarray) -> None:
+        steps = np.asarray(steps, dtype=np.int64)
+        if len(steps) != len(values):
+            raise JaxlogError(f"record {path!r}: {len(steps)} steps but {len(values)} values")
+        self.steps[path] = steps
+        self.values[path] = values
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.values)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __bool__(self) -> bool:
+        return any(len(s) for s in self.steps.values())
+
+    @property
+    def sharded(self) -> tuple[str, ...]:
+        """The paths whose values are ``Shards`` (held in part by this process)."""
+        return tuple(p for p, v in self.values.items() if isinstance(v, Shards))
+
+    @property
+    def last_step(self) -> int | None:
+        ends = [int(s[-1]) for s in self.steps.values() if len(s)]
+        return max(ends) if ends else None
+
+    def until(self, step: int) -> "Frames":
+        """The frames at steps <= ``step`` (what a sink keeps when a violation stops the run)."""
+        out = Frames()
+        for path, steps in self.steps.items():
+            keep = steps <= step
+            out.add(path, steps[keep], self.values[path][keep])
+        return out
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    return np.dtype(dtype).name
+
+
+def dtype_from_name(name: str) -> np.dtype:
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)

@@ -1,0 +1,226 @@
+"""When a record is taken: schedules are pure functions of the step number.
+
+Being pure (no counters) is what makes trajectories independent of the chunk size and lets a
+run resume: the driver asks "which steps in [lo, hi] are scheduled?" for each chunk.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..errors import JaxlogError
+
+
+def check_count(value: Any, what: str, *, minimum: int = 0, none: str = "") -> int:
+    """``value`` as an int >= ``minimum`` (bools and floats refused), or one JaxlogError naming
+    ``what``; ``none`` adds the alternative to the message (``"or None"``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        alt = f" {none}" if none else ""
+        raise JaxlogError(f"{what} must be an int >= {minimum}{alt}, got {value!r}")
+    return int(value)
+
+
+def check_step(value: Any, what: str) -> int:
+    """A step number: an int >= 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise JaxlogError(f"{what} must be an integer step, got {value!r}")
+    if value < 0:
+        raise JaxlogError(f"{what} must be >= 0, got {value}")
+    return int(value)
+
+
+class Schedule:
+    """Base class of schedules. Subclasses implement ``steps_between``, ``mask``, ``max_in_span``
+    and ``to_json``, and should override ``contains`` and ``count_between``: the drivers ask them
+    per log call and per file, and the generic versions build arrays."""
+
+    def steps_between(self, lo: int, hi: int) -> np.ndarray:
+        """Scheduled steps k with lo <= k <= hi, ascending, as int64."""
+        raise NotImplementedError
+
+    def mask(self, steps: np.ndarray) -> np.ndarray:
+        """Boolean mask: which of ``steps`` are scheduled."""
+        raise NotImplementedError
+
+    def max_in_span(self, length: int) -> int:
+        """Most scheduled steps in any ``length`` consecutive steps (sizes device buffers)."""
+        raise NotImplementedError
+
+    def to_json(self) -> dict:
+        raise NotImplementedError
+
+    def contains(self, step: int) -> bool:
+        """Whether ``step`` is scheduled."""
+        return bool(self.mask(np.asarray([step], dtype=np.int64))[0])
+
+    def count_between(self, lo: int, hi: int) -> int:
+        """``len(steps_between(lo, hi))``; subclasses answer without building the array (a run may
+        span 2**31 steps)."""
+        return len(self.steps_between(lo, hi))
+
+    @property
+    def is_every_step(self) -> bool:
+        return False
+
+    def __contains__(self, step: int) -> bool:
+        return self.contains(step)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Schedule) and self.to_json() == other.to_json()
+
+    def __hash__(self) -> int:
+        return hash(repr(self))
+
+
+class Every(Schedule):
+    def __init__(self, n: int, start: int = 0):
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
+            raise JaxlogError(f"every(n) needs an integer n >= 1, got n={n!r}")
+        self.n = int(n)
+        self.start = check_step(start, "every(start=...)")
+
+    def steps_between(self, lo: int, hi: int) -> np.ndarray:
+        lo = max(lo, self.start)
+        if hi < lo:
+            return np.zeros(0, dtype=np.int64)
+        first = self.start + math.ceil((lo - self.start) / self.n) * self.n
+        return np.arange(first, hi + 1, self.n, dtype=np.int64)
+
+    def mask(self, steps: np.ndarray) -> np.ndarray:
+        steps = np.asarray(steps, dtype=np.int64)
+        return (steps >= self.start) & ((steps - self.start) % self.n == 0)
+
+    def max_in_span(self, length: int) -> int:
+        return min(length, math.ceil(length / self.n)) if length > 0 else 0
+
+    def contains(self, step: int) -> bool:
+        return step >= self.start and (step - self.start) % self.n == 0
+
+    def count_between(self, lo: int, hi: int) -> int:
+        lo = max(lo, self.start)
+        first = self.start + -(-(lo - self.start) // self.n) * self.n
+        return 0 if first > hi else (hi - first) // self.n + 1
+
+    @property
+    def is_every_step(self) -> bool:
+        return self.n == 1 and self.start == 0
+
+    def to_json(self) -> dict:
+        return {"kind": "every", "n": self.n, "start": self.start}
+
+    def __repr__(self) -> str:
+        return f"every({self.n})" if self.start == 0 else f"every({self.n}, start={self.start})"
+
+
+class At(Schedule):
+    def __init__(self, *steps: int):
+        if len(steps) == 1 and isinstance(steps[0], (list, tuple, np.ndarray, range)):
+            steps = tuple(steps[0])
+        if not steps:
+            raise JaxlogError("at() needs at least one step")
+        checked = [check_step(s, "at(...)") for s in steps]
+        self.steps = np.unique(np.asarray(checked, dtype=np.int64))
+        self._set = frozenset(int(s) for s in self.steps)
+
+    def contains(self, step: int) -> bool:
+        return step in self._set
+
+    def count_between(self, lo: int, hi: int) -> int:
+        if hi < lo:
+            return 0
+        return int(np.searchsorted(self.steps, hi, side="right") - np.searchsorted(self.steps, lo, side="left"))
+
+    def steps_between(self, lo: int, hi: int) -> np.ndarray:
+        return self.steps[(self.steps >= lo) & (self.steps <= hi)]
+
+    def mask(self, steps: np.ndarray) -> np.ndarray:
+        return np.isin(np.asarray(steps, dtype=np.int64), self.steps)
+
+    def max_in_span(self, length: int) -> int:
+        if length <= 0:
+            return 0
+        # Sliding window over the sorted steps: most steps within `length` consecutive ones.
+        ends = np.searchsorted(self.steps, self.steps + length, side="left")
+        return int((ends - np.arange(len(self.steps))).max())
+
+    def to_json(self) -> dict:
+        return {"kind": "at", "steps": [int(s) for s in self.steps]}
+
+    def __repr__(self) -> str:
+        return f"at({', '.join(str(int(s)) for s in self.steps)})"
+
+
+class Window(Schedule):
+    def __init__(self, start: int, stop: int, every: int = 1):
+        self.start = check_step(start, "window(start)")
+        self.stop = check_step(stop, "window(stop)")
+        if self.stop < self.start:
+            raise JaxlogError(f"window(start={start}, stop={stop}): stop must be >= start")
+        self._every = Every(every, start=self.start)
+
+    @property
+    def every(self) -> int:
+        return self._every.n
+
+    def steps_between(self, lo: int, hi: int) -> np.ndarray:
+        return self._every.steps_between(lo, min(hi, self.stop))
+
+    def mask(self, steps: np.ndarray) -> np.ndarray:
+        steps = np.asarray(steps, dtype=np.int64)
+        return self._every.mask(steps) & (steps <= self.stop)
+
+    def max_in_span(self, length: int) -> int:
+        return min(self._every.max_in_span(length), self.count_between(self.start, self.stop))
+
+    def contains(self, step: int) -> bool:
+        return step <= self.stop and self._every.contains(step)
+
+    def count_between(self, lo: int, hi: int) -> int:
+        return self._every.count_between(lo, min(hi, self.stop))
+
+    def to_json(self) -> dict:
+        return {"kind": "window", "start": self.start, "stop": self.stop, "every": self.every}
+
+    def __repr__(self) -> str:
+        extra = f", every={self.every}" if self.every != 1 else ""
+        return f"window({self.start}, {self.stop}{extra})"
+
+
+def every(n: int, start: int = 0) -> Every:
+    """Every ``n`` steps from ``start`` (inclusive)."""
+    return Every(n, start)
+
+
+def at(*steps: int) -> At:
+    """Exactly these steps."""
+    return At(*steps)
+
+
+def window(start: int, stop: int, every: int = 1) -> Window:
+    """Steps ``start..stop`` inclusive, every ``every``."""
+    return Window(start, stop, every)
+
+
+def as_schedule(value: Any, what: str) -> Schedule:
+    """An int n means every(n); a Schedule passes through."""
+    if value is None:
+        return Every(1)
+    if isinstance(value, Schedule):
+        return value
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return Every(int(value))
+    raise JaxlogError(f"{what}: a schedule must be an int or jl.every/at/window, got {value!r}")
+
+
+def schedule_from_json(data: dict) -> Schedule:
+    kind = data.get("kind")
+    if kind == "every":
+        return Every(data["n"], data.get("start", 0))
+    if kind == "at":
+        return At(*data["steps"])
+    if kind == "window":
+        return Window(data["start"], data["stop"], data.get("every", 1))
+    raise JaxlogError(f"unknown schedule in file: {data!r}")

@@ -1,0 +1,919 @@
+"""HDF5 trajectory writer: H5MD 1.1 layout, a background thread, bounded memory, crash-safe.
+
+Layout::
+
+    /h5md                       version=[1, 1]; author/ (name); creator/ (name, version)
+    /observables/<path>/step    int64 [n]            (one H5MD time-dependent element per leaf)
+    /observables/<path>/time    float64 [n]          (only when the run has dt)
+    /observables/<path>/value   [n, *shape]          (ml_dtypes stored as uint views + jaxlog_dtype)
+    /particles/<group>/<name>   hard links to observables (optional ``particles=`` mapping)
+    /jaxlog                     attrs, JSON in fixed-length strings: format_version, schema,
+                                provenance, meta, violation (under json_crc32), status,
+                                steps_done, writer_error (fixed sizes, rewritten in place)
+    /jaxlog/attachments/<name>/<step>/<path>   snapshots (post-mortem states)
+
+Why a thread and a queue bounded in bytes: the caller (the driver) only validates and enqueues,
+so HDF5 I/O overlaps the next device chunk; when the disk is slower than the kernel the caller
+blocks instead of buffering without limit, and a writer stuck on a hung disk makes the caller's
+wait end with an error instead of a hang. Why this file format (superblock v2, ``libver="v108"``,
+no SWMR): flushed at an interval, such a file opens with plain h5py after a SIGKILL (SWMR files
+need ``h5clear`` or ``swmr=True`` readers after a crash). Data chunks carry Fletcher-32 checksums,
+so a flipped bit is a read error, not a wrong value.
+
+Why the file is made beside its path and renamed into place: until the layout is complete and
+flushed, the path keeps its previous trajectory (or nothing), so a kill, a full disk or a second
+writer never leaves a half-made or truncated file there. A lock file beside the path
+(``pathlock``) lets one writer at a time, across processes. Why space is reserved before each
+write (``space``): a write that fails halfway through an HDF5 flush leaves a file that does not
+open and an interpreter that crashes; running out of room is reported before anything is written,
+and the file is finished with status ``failed``.
+
+A writer-thread error is kept and raised on the caller's thread (next ``write`` or ``close``),
+and ``close`` always finishes the file (status ``failed`` if the writer broke).
+"""
+
+from __future__ import annotations
+
+import atexit
+import getpass
+import json
+import os
+import re
+import secrets
+import threading
+import time
+import weakref
+import zlib
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import h5py
+import numpy as np
+
+from ..errors import JaxlogError, WriterError
+from ..record.frames import FORMAT_VERSION, Frames, Schema
+from .bytequeue import ByteQueue, Item, Stalled
+from .dtypes import DTYPE_ATTR, KEY_IMPL_ATTR, check_frames, check_leaf_dtype, encode, storage_dtype, to_host
+from .pathlock import PathLock
+from .sink import STATUSES
+from .space import NoSpace, SpaceReserve, trim
+
+LIBVER = ("v108", "v108")
+QUEUE_BYTES = 128 << 20  # default byte budget of the hand-over queue
+STALL_TIMEOUT_S = 60.0  # default: a writer thread that finishes nothing for this long is stuck
+TMP_SUFFIX = ".jaxlog-tmp"
+_TMP_MIDDLE = re.compile(r"\d+-[0-9a-f]{8}")
+_CHUNK_BYTES = 1 << 19  # largest chunk of a run of known length (fits the 1 MiB chunk cache)
+_OPEN_CHUNK_BYTES = 1 << 16  # unknown run length: chunks of ~_OPEN_CHUNK_FRAMES frames within these bounds,
+_OPEN_CHUNK_MIN = 1 << 12  # so each dataset's last, partly filled chunk wastes little
+_OPEN_CHUNK_FRAMES = 64
+_ITEM_BYTES = 256  # what a queued item costs besides its arrays (bounds a queue of tiny batches)
+# Upper bounds of what HDF5 adds to a file, for the space reserved before a write (measured
+# maxima are about half of these: chunk index blocks, object headers, aggregator blocks):
+_INDEX_BYTES = 16 << 10  # per dataset given new chunks since the last flush
+_CHUNK_OVERHEAD = 64  # per chunk allocated
+_SLACK = 64 << 10  # per file, on top of everything
+_LAYOUT_BYTES = 12 << 10  # per leaf at creation (group, datasets, object headers)
+# /jaxlog attributes rewritten in place while the file is written: fixed-size strings never need
+# new space in the file (a disk that is full still takes the final status)
+_FIXED_ATTRS = {"status": 16, "steps_done": 24, "writer_error": 2048}
+# HDF5 keeps string attributes in its global heap, which has no checksum: ours does
+CRC_ATTR = "json_crc32"
+CRC_COVERS = ("format_version", "schema", "provenance", "meta", "violation")
+_LIVE: "weakref.WeakSet[HDF5Writer]" = weakref.WeakSet()
+_EMPTY_STEPS = np.zeros(0, dtype=np.int64)
+
+
+def _same_file_key(path: Path) -> str:
+    """The absolute, symlink-resolved path: two writers of one file compare equal."""
+    try:
+        return str(path.resolve())
+    except OSError:
+        return str(path.absolute())
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, default=_json_default)
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    return repr(obj)
+
+
+def json_crc32(texts: dict[str, str | bytes | None]) -> int:
+    """Checksum of the JSON attributes in ``CRC_COVERS`` (absent ones count as empty)."""
+    parts = (texts.get(k) or b"" for k in CRC_COVERS)
+    return zlib.crc32(b"\0".join(p if isinstance(p, bytes) else p.encode() for p in parts))
+
+
+def _text(value: str) -> np.bytes_:
+    """A string attribute as fixed-length bytes: stored in the object header (checksummed), not in
+    HDF5's global heap (no checksum; a damaged one can make HDF5 loop while reading it)."""
+    return np.bytes_(value.encode())
+
+
+def _fixed_json(name: str, value: Any) -> np.ndarray:
+    """``value`` as JSON in the fixed-size string attribute ``name`` (long text is shortened)."""
+    size = _FIXED_ATTRS[name]
+    text = _json(value)
+    if len(text.encode()) > size:
+        s = str(value)
+        while len(text.encode()) > size:
+            s = s[: max(0, len(s) - max(16, len(text.encode()) - size))]
+            text = _json(s + " ...")
+    return np.array(text.encode(), dtype=f"S{size}")
+
+
+class _Column:
+    """Appends rows to one resizable dataset through the low-level h5py API, caching the memory
+    type and dataspaces: the high-level ``resize`` + ``__setitem__`` pair re-derives them per call
+    and costs ~5x more, which dominates the small batches a fast kernel produces.
+
+    Also bounds the file space an append can take (``growth``), from the chunk shape."""
+
+    __slots__ = ("ds", "dsid", "mtype", "spaces", "rows", "chunk_alloc", "compressed", "gen")
+
+    def __init__(self, ds: h5py.Dataset, compressed: bool):
+        self.ds, self.dsid = ds, ds.id
+        self.mtype = None
+        self.spaces: dict[tuple, Any] = {}
+        chunks = ds.chunks
+        slab = 1  # chunks per row of chunks (frames larger than one chunk)
+        for n, c in zip(ds.shape[1:], chunks[1:]):
+            slab *= max(1, -(-max(n, 1) // c))
+        nbytes = int(np.prod(chunks, dtype=np.int64)) * ds.dtype.itemsize
+        if compressed:  # deflate/lzf may expand incompressible data a little
+            nbytes += nbytes // 16 + 1024
+        self.rows = int(chunks[0])
+        self.chunk_alloc = slab * (nbytes + _CHUNK_OVERHEAD)
+        self.compressed = compressed
+        self.gen = -1  # the flush generation this column last grew in
+
+    def growth(self, old: int, n: int, gen: int) -> int:
+        """Bytes of file an append of ``n`` rows after ``old`` can allocate before the next flush."""
+        r = self.rows
+        new = -(-(old + n) // r) - -(-old // r)
+        extra = 0
+        if self.gen != gen:  # first growth since the flush: the chunk index may grow too
+            self.gen = gen
+            extra = _INDEX_BYTES
+            if old % r:  # the partly filled chunk is written (allocated) again at the flush
+                new += 1
+        elif self.compressed and old % r:  # a compressed partial chunk may move at each eviction
+            new += 1
+        return new * self.chunk_alloc + extra
+
+    def append(self, old: int, arr: np.ndarray) -> None:
+        n = arr.shape[0]
+        dsid = self.dsid
+        dsid.set_extent((old + n, *arr.shape[1:]))
+        if arr.size == 0:
+            return
+        if self.mtype is None:
+            self.mtype = h5py.h5t.py_create(arr.dtype)
+        mspace = self.spaces.get(arr.shape)
+        if mspace is None:
+            mspace = self.spaces[arr.shape] = h5py.h5s.create_simple(arr.shape)
+        fspace = dsid.get_space()
+        fspace.select_hyperslab((old,) + (0,) * (arr.ndim - 1), arr.shape)
+        dsid.write(mspace, fspace, arr, mtype=self.mtype)
+
+
+class _Group(NamedTuple):
+    """Leaves of one view with one schedule: they share their step (and time) datasets."""
+
+    paths: list
+    step: _Column
+    time: _Column | None
+
+
+def _chunk_rows(frame_bytes: int, frames: int | None = None) -> int:
+    """Frames per chunk. HDF5 allocates whole chunks, so chunk size is file size: a run of known
+    length (``frames``) gets equal chunks of at most ``_CHUNK_BYTES`` that tile it (a short run: one
+    chunk, exactly its data; a long one: big chunks, fast appends, < 1 frame unused per chunk).
+    Unknown length: ~64 frames a chunk, 4 to 64 KiB (scalars and steps: 4 KiB), so the last, partly
+    filled chunk of each dataset wastes little."""
+    frame_bytes = max(1, frame_bytes)
+    if frames:
+        per_chunk = max(1, _CHUNK_BYTES // frame_bytes)
+        n_chunks = -(-frames // per_chunk)
+        return int(-(-frames // n_chunks))
+    target = min(_OPEN_CHUNK_BYTES, max(_OPEN_CHUNK_MIN, _OPEN_CHUNK_FRAMES * frame_bytes))
+    return int(max(1, target // frame_bytes))
+
+
+def _frames_per_leaf(schema: Schema, meta: dict) -> dict[str, int]:
+    """Most frames each leaf can get, from ``meta["run"]`` (``steps``, ``start_step``); empty when the
+    length is unknown (``jl.Recorder``). An upper bound: steps ``start..start+steps`` inclusive."""
+    run = (meta or {}).get("run") or {}
+    steps, start = run.get("steps"), run.get("start_step") or 0
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0 or not isinstance(start, int):
+        return {}
+    return {leaf.path: leaf.schedule.count_between(start, start + steps) for leaf in schema.leaves}
+
+
+def _frames_bytes(frames: Frames) -> int:
+    return sum(v.nbytes for v in frames.values.values()) + sum(s.nbytes for s in frames.steps.values())
+
+
+def _slices(frames: Frames, budget: int) -> list[Frames]:
+    """``frames`` cut at step boundaries into pieces of at most ``budget`` bytes each (a single
+    step larger than that is a piece of its own). Views, not copies."""
+    present = [p for p in frames.values if len(frames.steps[p])]
+    all_steps = np.unique(np.concatenate([frames.steps[p] for p in present]))
+    per_step = np.zeros(len(all_steps), dtype=np.int64)
+    for p in present:
+        pos = np.searchsorted(all_steps, frames.steps[p])
+        row = frames.values[p][0].nbytes + 8
+        np.add.at(per_step, pos, row)
+    pieces, lo, acc = [], 0, 0
+    for i, b in enumerate(per_step.tolist()):
+        if acc and acc + b > budget:
+            pieces.append((lo, i))
+            lo, acc = i, 0
+        acc += b
+    pieces.append((lo, len(all_steps)))
+    out = []
+    for a, b in pieces:
+        first, last = all_steps[a], all_steps[b - 1]
+        fr = Frames()
+        for p in frames.values:
+            steps = frames.steps[p]
+            i, j = np.searchsorted(steps, first, "left"), np.searchsorted(steps, last, "right")
+            fr.add(p, steps[i:j], frames.values[p][i:j])
+        out.append(fr)
+    return out
+
+
+def _close_discarding(f: h5py.File) -> None:
+    """Close an h5py file whose writes have failed without writing any more to it.
+
+    After a failed write HDF5 retries its dirty metadata on every flush and close, and h5py's
+    clean-up after a failed close crashes the interpreter (at once or at exit). Pointing HDF5's
+    descriptor at /dev/null lets the close succeed; the file keeps what reached the disk."""
+    try:
+        fd = f.id.get_vfd_handle()
+        null = os.open(os.devnull, os.O_RDWR)
+        try:
+            os.dup2(null, fd)
+        finally:
+            os.close(null)
+    except Exception:  # noqa: BLE001  (no descriptor: the file is already closed or not ours)
+        return
+    try:
+        f.close()
+    except Exception:  # noqa: BLE001  (writes go to /dev/null; the error it reports is the one we have)
+        pass
+
+
+class HDF5Writer:
+    """Sink writing an H5MD trajectory file from a background thread.
+
+    ``flush_every_s``: how often data and ``steps_done`` reach the disk (what survives a kill).
+    ``queue_bytes``: memory handed over to the writer thread and not yet written; ``write`` waits
+    while it is full, a batch larger than this goes in slices (one step at least).
+    ``stall_timeout_s``: a caller waiting on the writer thread (full queue, ``flush``, ``close``)
+    gives up with ``WriterError`` once the thread has written nothing for this long (a hung disk).
+    ``compression``: h5py filter for all datasets (``"gzip"``, ``"lzf"``, None; lossless, so values
+    read back bit for bit); ``shuffle`` (default: on with compression) helps it on numbers.
+    ``checksums``: Fletcher-32 per chunk, so corrupted data fails to read instead of reading wrong.
+    ``expected_frames``: ``{leaf path: frames}`` when known up front (``Trajectory.save``); otherwise
+    taken from the run length in ``meta["run"]``. It only sizes chunks (file size): more frames still fit.
+    ``particles``: ``{group: {"position": "state/positions", ...}}`` adds H5MD particle links.
+    ``overwrite``: replace an existing file at ``path`` (only once the new one is valid).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        flush_every_s: float = 1.0,
+        queue_bytes: int = QUEUE_BYTES,
+        stall_timeout_s: float = STALL_TIMEOUT_S,
+        compression: str | None = None,
+        compression_opts: Any = None,
+        shuffle: bool | None = None,
+        checksums: bool = True,
+        expected_frames: dict[str, int] | None = None,
+        author: str | None = None,
+        particles: dict[str, dict[str, str]] | None = None,
+        overwrite: bool = True,
+    ):
+        if isinstance(queue_bytes, bool) or not isinstance(queue_bytes, int) or queue_bytes < 1:
+            raise JaxlogError(f"HDF5Writer(queue_bytes={queue_bytes!r}): needs an integer number of bytes >= 1")
+        if flush_every_s < 0:
+            raise JaxlogError(f"HDF5Writer(flush_every_s={flush_every_s}): must be >= 0")
+        if not stall_timeout_s > 0:
+            raise JaxlogError(f"HDF5Writer(stall_timeout_s={stall_timeout_s}): must be > 0")
+        self.path = Path(path)
+        self.flush_every_s = float(flush_every_s)
+        self.queue_bytes = int(queue_bytes)
+        self.stall_timeout_s = float(stall_timeout_s)
+        self.compression = compression
+        self.compression_opts = compression_opts
+        self.shuffle = compression is not None if shuffle is None else bool(shuffle)
+        self.checksums = bool(checksums)
+        self.expected_frames = None if expected_frames is None else {str(k): int(v) for k, v in expected_frames.items()}
+        self.author = author
+        self.particles = particles or {}
+        self.overwrite = overwrite
+        self.schema: Schema | None = None
+        self.stats = {"batches": 0, "frames": 0, "bytes": 0, "flushes": 0, "max_queue_bytes": 0,
+                      "blocked_s": 0.0, "reserve_misses": 0}
+        self._queue = ByteQueue(self.queue_bytes, self.stall_timeout_s)
+        self._thread: threading.Thread | None = None
+        self._file: h5py.File | None = None
+        self._fd: int | None = None  # our own descriptor on the file: space reservation and trim
+        self._space: SpaceReserve | None = None
+        self._lock = PathLock(self.path)
+        self._error: BaseException | None = None
+        self._error_raised = False
+        self._state = "new"  # new -> open -> closing -> closed
+        self._finalized = False
+        self._stalled = False
+        self._last_steps: dict[str, int] = {}
+        self._max_step = -1  # highest step handed over (caller side)
+        self._written_step = -1  # highest step written (writer side)
+        self._complete_step = -1  # last step of the last batch written whole (writer side)
+        self._timeline = None
+        self._error_lock = threading.Lock()
+        # writer side: file size at the last flush, growth bound since, flush generation
+        self._flushed_end = 0
+        self._unflushed = 0
+        self._gen = 0
+        self._groups: dict[tuple, _Group] = {}
+        self._rows: dict[tuple, int] = {}
+
+    # -- Sink protocol (caller thread) ----------------------------------------------------
+    def open(self, schema: Schema, meta: dict[str, Any]) -> None:
+        if self._state != "new":
+            raise JaxlogError(f"HDF5Writer({self.path}): a writer is opened once; make a new one per run")
+        for leaf in schema.leaves:
+            check_leaf_dtype(leaf.path, leaf.dtype)
+        if self.path.exists() and not self.overwrite:
+            raise JaxlogError(f"{self.path} exists and HDF5Writer(overwrite=False)")
+        if self.path.is_dir():
+            raise JaxlogError(f"HDF5Writer({self.path}): the path is a directory; give a file path (e.g. "
+                              f"{self.path / 'trajectory.h5'})")
+        for group, mapping in self.particles.items():  # before the file exists: a bad mapping leaves none
+            for name, path in mapping.items():
+                if path not in schema:
+                    raise JaxlogError(f"HDF5Writer({self.path}): particles[{group!r}][{name!r}]: record {path!r} "
+                                      f"is not recorded; recorded: {', '.join(schema.paths) or '(none)'}")
+        mine = _same_file_key(self.path)
+        for other in list(_LIVE):
+            if other is not self and other._state in ("open", "closing") and _same_file_key(other.path) == mine:
+                raise JaxlogError(f"HDF5Writer({self.path}): another HDF5Writer in this process is still writing "
+                                  f"that file (two writers of one path in a run, or one not closed); give each "
+                                  f"writer its own path")
+        self.schema = schema
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        meta = dict(meta or {})
+        if "provenance" not in meta:
+            from .provenance import provenance
+
+            meta["provenance"] = provenance()
+        self._lock.acquire()  # WriterError naming the other writer; nothing touched yet
+        try:
+            if self.path.exists() and not self.overwrite:  # created meanwhile by another writer
+                raise JaxlogError(f"{self.path} exists and HDF5Writer(overwrite=False)")
+            self._remove_stale_temps()
+            self._file = self._create_beside(schema, meta)
+        except BaseException:
+            self._lock.release()
+            raise
+        self._state = "open"
+        self._thread = threading.Thread(target=self._run, name=f"jaxlog-hdf5:{self.path.name}", daemon=True)
+        _LIVE.add(self)
+        self._thread.start()
+
+    def set_timeline(self, timeline: Any) -> None:
+        """Record a slice per batch write on the ``writer`` track of a ``_perfetto.Timeline``."""
+        self._timeline = timeline
+
+    def write(self, frames: Frames) -> None:
+        self._raise_pending()
+        if self._state != "open":
+            raise WriterError(f"HDF5Writer({self.path}) is {self._state}, cannot write")
+        assert self.schema is not None
+        check_frames(self.schema, frames, self._last_steps)
+        self._check_groups(frames)
+        last = frames.last_step
+        if last is None:
+            return
+        self._check_alive()
+        nbytes = _frames_bytes(frames)
+        if nbytes + _ITEM_BYTES <= self.queue_bytes:
+            self._put(Item("frames", frames, nbytes + _ITEM_BYTES))
+        else:
+            for piece in _slices(frames, self.queue_bytes - _ITEM_BYTES):
+                self._put(Item("frames", piece, _frames_bytes(piece) + _ITEM_BYTES))
+        self._max_step = max(self._max_step, last)
+
+    def _check_groups(self, frames: Frames) -> None:
+        """Leaves sharing step datasets must arrive together, with the same steps."""
+        for group in self._groups.values():
+            paths = group.paths
+            if len(paths) == 1:
+                continue
+            ref = None
+            for path in paths:
+                steps = frames.steps.get(path)
+                if steps is None:
+                    steps = _EMPTY_STEPS
+                if ref is None:
+                    ref, ref_path = steps, path
+                elif steps is not ref and not np.array_equal(steps, ref):
+                    raise JaxlogError(
+                        f"records {ref_path!r} and {path!r} (one view, one schedule) must be written together "
+                        f"with the same steps; got {len(ref)} and {len(steps)} steps in one batch"
+                    )
+
+    def attach(self, name: str, step: int, tree: dict[str, np.ndarray], *, key_impls: dict[str, str] | None = None) -> None:
+        """Store a snapshot; typed key arrays are stored as key data with their impl (``key_impls``
+        names the impl of arrays that already are key data)."""
+        self._raise_pending()
+        if self._state != "open":
+            raise WriterError(f"HDF5Writer({self.path}) is {self._state}, cannot attach {name!r}")
+        host = {}
+        for path, leaf in tree.items():
+            arr, impl = to_host(leaf, path)
+            host[path] = (arr, impl or (key_impls or {}).get(path))
+        nbytes = sum(a.nbytes for a, _ in host.values()) + _ITEM_BYTES
+        self._put(Item("attach", (str(name), int(step), host), nbytes))
+
+    def flush(self) -> None:
+        """Block until everything handed over so far is on disk (survives a kill)."""
+        self._raise_pending()
+        if self._state != "open":
+            return
+        done = threading.Event()
+        self._put(Item("flush", done, 0))
+        self._wait(done.is_set, "flushing")
+        self._raise_pending()
+
+    def close(self, status: str = "complete", *, steps_done: int | None = None, violation: dict | None = None,
+              summary: dict | None = None) -> None:
+        """Write every frame handed over, the final status (and the run's ``summary``: why it
+        stopped, per-system steps), and close the file; raise a writer error not raised yet.
+
+        Safe to call from the main thread at any time, a signal handler included (e.g. with
+        ``status="stopped"`` on SIGTERM or Ctrl-C while ``write`` waits for room). A writer thread
+        that writes nothing for ``stall_timeout_s`` makes it raise ``WriterError`` instead of
+        waiting forever; the file then keeps status ``running`` and what was flushed before."""
+        if status not in STATUSES:
+            raise JaxlogError(f"close(status={status!r}): expected one of {', '.join(STATUSES)}")
+        if self._state == "new":
+            self._state = "closed"
+            return
+        if self._state == "closed":
+            self._raise_pending()
+            return
+        if self._state == "open":
+            self._state = "closing"
+            if steps_done is None:
+                steps_done = max(self._max_step, 0)
+            self._close_args = (status, int(steps_done), violation, summary)
+            thread = self._thread
+            if thread is not None and thread.is_alive():
+                self._queue.put(Item("close", self._close_args, 0), thread.is_alive, force=True)
+        # "closing": a close interrupted (Ctrl-C) or stalled before; wait again
+        if not self._stalled:
+            self._wait(lambda: self._finalized, "closing")
+        elif not self._finalized:
+            self._raise_stalled("closing")
+        if not self._finalized:  # the thread died unexpectedly: finish the file here
+            try:
+                self._finalize(*self._close_args)
+            except Exception as exc:
+                err = WriterError(f"finishing {self.path} failed: {exc}")
+                err.__cause__ = exc
+                self._set_error(err)
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(1.0)  # finalized is its last act: it returns at once
+        self._state = "closed"
+        _LIVE.discard(self)
+        self._raise_pending()
+
+    @property
+    def artifacts(self) -> dict[str, Path]:
+        return {"trajectory": self.path}
+
+    # -- caller-side helpers ----------------------------------------------------------------
+    def _raise_pending(self) -> None:
+        err = self._error
+        if err is not None and not self._error_raised:
+            self._error_raised = True
+            raise err
+
+    def _alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _check_alive(self) -> None:
+        if not self._alive():
+            err = WriterError(f"the writer thread of {self.path} died; frames after step {self._max_step} were not written")
+            err.__cause__ = self._error
+            self._set_error(err)
+            self._raise_pending()
+            raise err
+
+    def _put(self, item: Item) -> None:
+        if self._stalled:
+            self._raise_stalled("writing")
+        try:
+            waited = self._queue.put(item, self._alive, self._raise_pending)
+        except Stalled as exc:
+            self._raise_stalled("writing", exc.waited_s)
+        if waited < 0:
+            self._check_alive()
+        elif waited:
+            self.stats["blocked_s"] += waited
+        self.stats["max_queue_bytes"] = self._queue.max_bytes
+
+    def _wait(self, predicate, what: str) -> None:
+        try:
+            self._queue.wait_for(predicate, self._alive)
+        except Stalled as exc:
+            self._raise_stalled(what, exc.waited_s)
+
+    def _raise_stalled(self, what: str, waited_s: float | None = None) -> None:
+        """``waited_s`` None: the thread was found stalled before, it is not waited for again."""
+        self._stalled = True
+        waited = f"{waited_s:.0f} s" if waited_s is not None else f"over {self.stall_timeout_s:.0f} s"
+        _LIVE.discard(self)  # the exit hook must not wait on it again
+        pending = self._queue.bytes
+        raise WriterError(
+            f"{what} {self.path}: the writer thread has written nothing for {waited} (a hung disk or "
+            f"file system?); {pending} bytes handed over (up to step {self._max_step}) are not on disk and the "
+            f"file keeps status 'running' with the frames flushed before. The thread finishes the file if it "
+            f"recovers; HDF5Writer(stall_timeout_s=...) sets how long to wait"
+        )
+
+    def _set_error(self, err: BaseException) -> None:
+        with self._error_lock:
+            if self._error is None:
+                self._error = err
+
+    # -- file creation (caller thread) ---------------------------------------------------------
+    def _remove_stale_temps(self) -> None:
+        """Temporary files of this path left by killed writers (we hold the path's lock, so no
+        live writer owns one)."""
+        prefix = f".{self.path.name}."
+        try:
+            entries = list(os.scandir(self.path.parent))
+        except OSError:
+            return
+        for entry in entries:
+            name = entry.name
+            if name.startswith(prefix) and name.endswith(TMP_SUFFIX) and \
+                    _TMP_MIDDLE.fullmatch(name[len(prefix):-len(TMP_SUFFIX)]):
+                try:
+                    os.unlink(entry.path)
+                except OSError:
+                    pass  # gone already, or not ours to remove: it only takes space
+
+    def _create_beside(self, schema: Schema, meta: dict) -> h5py.File:
+        """The complete, flushed layout under a temporary name, then renamed to ``path``."""
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}-{secrets.token_hex(4)}{TMP_SUFFIX}")
+        f = None
+        try:
+            f = h5py.File(tmp, "w-", libver=LIBVER)
+            self._fd = os.open(tmp, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+            self._space = SpaceReserve(self._fd, str(self.path))
+            layout = (len(_json(schema.to_json())) + len(_json(meta))) * 2 + _LAYOUT_BYTES * (len(schema.leaves) + 4)
+            self._space.ensure(f.id.get_filesize() + layout + _SLACK, "the file's layout")
+            self._build(f, schema, meta)
+            f.flush()
+            self._flushed_end = f.id.get_filesize()
+            if self._flushed_end > self._space.reserved:
+                self.stats["reserve_misses"] += 1
+            os.replace(tmp, self.path)
+        except BaseException as exc:
+            if f is not None:
+                _close_discarding(f)
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass  # never created
+            if isinstance(exc, JaxlogError) or not isinstance(exc, Exception):
+                raise
+            raise WriterError(f"cannot create trajectory file {self.path}: {exc}") from exc
+        return f
+
+    def _build(self, f: h5py.File, schema: Schema, meta: dict) -> None:
+        from .. import __version__
+
+        h5md = f.create_group("h5md")
+        h5md.attrs["version"] = np.array([1, 1], dtype=np.int32)
+        author = self.author
+        if author is None:
+            try:
+                author = getpass.getuser()
+            except Exception:  # noqa: BLE001  (no user name in this environment: an H5MD author is still needed)
+                author = "unknown"
+        f.create_group("h5md/author").attrs["name"] = author
+        creator = f.create_group("h5md/creator")
+        creator.attrs["name"] = "pytest-jaxlog"
+        creator.attrs["version"] = __version__
+        obs = f.create_group("observables")
+        self._dsets: dict[str, _Column] = {}
+        self._groups = {}
+        self._rows = {}
+        frames = _frames_per_leaf(schema, meta) if self.expected_frames is None else self.expected_frames
+        kw: dict[str, Any] = {}
+        if self.compression is not None:
+            kw = {"compression": self.compression, "compression_opts": self.compression_opts}
+        if self.shuffle:
+            kw["shuffle"] = True
+        if self.checksums:
+            kw["fletcher32"] = True
+        compressed = self.compression is not None
+        for leaf in schema.leaves:
+            g = obs.create_group(leaf.path)
+            stored, dname = storage_dtype(leaf.dtype)
+            frame_bytes = int(np.prod(leaf.shape, dtype=np.int64)) * stored.itemsize
+            n = frames.get(leaf.path)
+            rows = _chunk_rows(frame_bytes, n)
+            # zero-size frame dims: HDF5 chunks must be >= 1, so such dims get an unlimited max
+            maxshape = (None, *(s if s > 0 else None for s in leaf.shape))
+            chunks = (rows, *(max(1, s) for s in leaf.shape)) if frame_bytes <= (1 << 30) else True
+            value = g.create_dataset(
+                "value", shape=(0, *leaf.shape), maxshape=maxshape, dtype=stored, chunks=chunks, **kw
+            )
+            if dname is not None:
+                value.attrs[DTYPE_ATTR] = _text(dname)
+            if leaf.key_impl is not None:
+                value.attrs[KEY_IMPL_ATTR] = _text(leaf.key_impl)
+            self._dsets[leaf.path] = _Column(value, compressed)
+            # Leaves of one view with one schedule share their step/time datasets (H5MD allows
+            # hard-linked step/time): fewer HDF5 calls per batch, which dominate small batches.
+            key = (leaf.record, _json(leaf.schedule.to_json()))
+            group = self._groups.get(key)
+            if group is None:
+                scalar = {"shape": (0,), "maxshape": (None,), "chunks": (_chunk_rows(8, n),), **kw}
+                step = g.create_dataset("step", dtype=np.int64, **scalar)
+                tds = None
+                if schema.dt is not None:
+                    tds = g.create_dataset("time", dtype=np.float64, **scalar)
+                group = self._groups[key] = _Group([], _Column(step, compressed),
+                                                   None if tds is None else _Column(tds, compressed))
+                self._rows[key] = 0
+            else:
+                g["step"] = group.step.ds
+                if group.time is not None:
+                    g["time"] = group.time.ds
+            group.paths.append(leaf.path)
+        for group, mapping in self.particles.items():
+            pg = f.require_group("particles").create_group(group)
+            for name, path in mapping.items():
+                pg[name] = obs[path]  # hard link: same element, H5MD particle name
+            pos = mapping.get("position")
+            dim = int(schema[pos].shape[-1]) if pos and schema[pos].shape else 0
+            box = pg.create_group("box")
+            box.attrs["dimension"] = np.int32(dim)
+            box.attrs["boundary"] = np.array([b"none"] * dim, dtype="S8") if dim else np.array([], dtype="S8")
+        jl = f.create_group("jaxlog")
+        self._texts = {"format_version": _json(FORMAT_VERSION), "schema": _json(schema.to_json()),
+                       "provenance": _json(meta.get("provenance")), "meta": _json(meta), "violation": _json(None)}
+        for key, text in self._texts.items():
+            jl.attrs[key] = _text(text)
+        jl.attrs[CRC_ATTR] = np.uint32(json_crc32(self._texts))
+        jl.attrs["status"] = _fixed_json("status", "running")
+        jl.attrs["steps_done"] = _fixed_json("steps_done", 0)
+        jl.attrs["writer_error"] = _fixed_json("writer_error", None)
+        jl.create_group("attachments")
+        self._jl = jl
+
+    # -- writer thread ----------------------------------------------------------------------
+    def _run(self) -> None:
+        q = self._queue
+        next_flush = time.monotonic() + self.flush_every_s
+        dirty = False
+        while True:
+            item = q.get(max(0.0, next_flush - time.monotonic()) if dirty else None)
+            try:
+                if item is None:
+                    pass
+                elif item.kind == "frames":
+                    if self._error is None:
+                        self._append(item.payload)
+                        dirty = True
+                elif item.kind == "attach":
+                    if self._error is None:
+                        self._write_attachment(*item.payload)
+                        dirty = True
+                elif item.kind == "flush":
+                    try:
+                        if self._error is None:
+                            self._flush()
+                            dirty = False
+                            next_flush = time.monotonic() + self.flush_every_s
+                    finally:
+                        item.payload.set()
+                elif item.kind == "close":
+                    self._finalize(*item.payload)
+                    return
+                if dirty and self._error is None and time.monotonic() >= next_flush:
+                    self._flush()
+                    dirty = False
+                    next_flush = time.monotonic() + self.flush_every_s
+            except BaseException as exc:  # noqa: BLE001  (kept and raised on the caller's thread)
+                err = exc
+                if not isinstance(exc, WriterError):
+                    err = WriterError(f"writing {self.path} failed: {type(exc).__name__}: {exc}")
+                    err.__cause__ = exc
+                self._set_error(err)
+                dirty = False
+                if item is not None and item.kind == "close":
+                    self._finalized = True
+                    return
+            finally:
+                if item is not None:
+                    q.done(item)
+
+    def _file_end(self) -> int:
+        return self._file.id.get_filesize()
+
+    def _reserve(self, growth: int, what) -> int:
+        """Claim the space ``growth`` more bytes of file need (``NoSpace`` before anything is written)."""
+        need = self._flushed_end + self._unflushed + growth + _SLACK
+        self._space.ensure(need, what)
+        self._unflushed += growth
+        return need
+
+    def _check_end(self, bound: int) -> None:
+        if self._file_end() > bound:  # the growth bound was wrong: counted, for the tests to see
+            self.stats["reserve_misses"] += 1
+
+    def _append(self, frames: Frames) -> None:
+        t0 = time.perf_counter_ns()
+        nbytes = nframes = 0
+        dt = self.schema.dt if self.schema is not None else None
+        plan = []
+        growth = 0
+        gen = self._gen
+        for key, group in self._groups.items():
+            first = next((p for p in group.paths if p in frames.steps and len(frames.steps[p])), None)
+            if first is None:
+                continue
+            steps = frames.steps[first]
+            n, old = len(steps), self._rows[key]
+            for path in group.paths:
+                growth += self._dsets[path].growth(old, n, gen)
+            growth += group.step.growth(old, n, gen)
+            if group.time is not None:
+                growth += group.time.growth(old, n, gen)
+            plan.append((key, group, steps, old))
+        if not plan:
+            return
+        bound = self._reserve(growth, lambda: f"the frames of steps {min(int(s[0]) for _, _, s, _ in plan)}.."
+                                              f"{frames.last_step} ({_frames_bytes(frames)} bytes)")
+        for key, group, steps, old in plan:
+            n = len(steps)
+            path = group.paths[0]
+            try:
+                for path in group.paths:
+                    values = frames.values[path]
+                    self._dsets[path].append(old, encode(np.ascontiguousarray(values)))
+                    nbytes += values.nbytes
+                    nframes += n
+                    self._queue.tick()
+                if group.time is not None:
+                    group.time.append(old, np.ascontiguousarray(steps * dt, dtype=np.float64))
+                # step last: a frame counts (for the reader) once its step is there
+                group.step.append(old, np.ascontiguousarray(steps, dtype=np.int64))
+                self._rows[key] = old + n
+            except Exception as exc:
+                raise WriterError(
+                    f"writing record {path!r} (steps {int(steps[0])}..{int(steps[-1])}) to {self.path} failed: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+            self._written_step = max(self._written_step, int(steps[-1]))
+        self._check_end(bound)
+        last = frames.last_step
+        if last is not None:
+            self._complete_step = max(self._complete_step, last)
+        self.stats["batches"] += 1
+        self.stats["frames"] += nframes
+        self.stats["bytes"] += nbytes
+        if self._timeline is not None:
+            try:
+                self._timeline.slice(
+                    "writer", "write", t0, time.perf_counter_ns(), {"frames": nframes, "bytes": nbytes}
+                )
+            except Exception:  # noqa: BLE001  (the timeline is a diagnostic; it must not fail the writes)
+                pass
+
+    def _write_attachment(self, name: str, step: int, host: dict) -> None:
+        if name == "checkpoint":  # on disk only after every frame before it, and then at once, whole
+            self._flush()
+        growth = sum(arr.nbytes + arr.nbytes // 16 + 2 * _LAYOUT_BYTES for arr, _ in host.values()) + 2 * _LAYOUT_BYTES
+        bound = self._reserve(growth, f"attachment {name!r} at step {step}")
+        try:
+            g = self._file["jaxlog/attachments"].require_group(name).require_group(str(step))
+            for path, (arr, impl) in host.items():
+                if path in g:
+                    del g[path]
+                _, dname = storage_dtype(arr.dtype)
+                arr = encode(np.asarray(arr, order="C"))  # keeps 0-d arrays 0-d
+                kw = {"chunks": arr.shape, "fletcher32": True} if self.checksums and arr.ndim and arr.size else {}
+                ds = g.create_dataset(path, data=arr, **kw)
+                if dname is not None:
+                    ds.attrs[DTYPE_ATTR] = _text(dname)
+                if impl is not None:
+                    ds.attrs[KEY_IMPL_ATTR] = _text(impl)
+        except Exception as exc:
+            raise WriterError(f"writing attachment {name!r} at step {step} to {self.path} failed: {exc}") from exc
+        self._check_end(bound)
+        if name == "checkpoint":
+            self._flush()
+
+    def _flush(self) -> None:
+        f = self._file
+        bound = self._flushed_end + self._unflushed + _SLACK
+        self._jl.attrs.modify("steps_done", _fixed_json("steps_done", max(self._written_step, 0)))
+        f.flush()
+        self._check_end(bound)
+        self._flushed_end = self._file_end()
+        self._unflushed = 0
+        self._gen += 1
+        self.stats["flushes"] += 1
+
+    def _finalize(self, status: str, steps_done: int, violation: dict | None, summary: dict | None = None) -> None:
+        """Final attributes and close; always closes the file and frees the path, even after a
+        writer error. A file whose last write failed is closed without writing more to it."""
+        f = self._file
+        try:
+            if f is None or not f.id.valid:
+                f = self._file = h5py.File(self.path, "r+")
+                self._jl = f["jaxlog"]
+            jl = self._jl
+            error = self._error
+            if error is not None:
+                status = "failed"
+                # the caller handed over more than the broken writer wrote: say what the file holds
+                steps_done = min(int(steps_done), max(self._complete_step, 0))
+            if violation is not None:
+                text = _json(violation)
+                try:
+                    self._reserve(2 * len(text.encode()) + _LAYOUT_BYTES, "the violation")
+                    jl.attrs["violation"] = _text(text)
+                    if CRC_ATTR in jl.attrs:  # not in a file reopened from an older version
+                        texts = {k: jl.attrs[k] for k in CRC_COVERS}
+                        jl.attrs.modify(CRC_ATTR, np.uint32(json_crc32(texts)))
+                except NoSpace as exc:
+                    error = error or exc
+            if summary is not None:
+                text = _json(summary)
+                try:
+                    self._reserve(2 * len(text.encode()) + _LAYOUT_BYTES, "the run's summary")
+                    jl.attrs["summary"] = _text(text)
+                except NoSpace as exc:
+                    error = error or exc
+            if error is not None:
+                jl.attrs.modify("writer_error", _fixed_json("writer_error", str(error)))
+            jl.attrs.modify("status", _fixed_json("status", status))
+            jl.attrs.modify("steps_done", _fixed_json("steps_done", int(steps_done)))
+            f.flush()
+        except BaseException:
+            if f is not None:
+                _close_discarding(f)
+            raise
+        finally:
+            try:
+                if f is not None and f.id.valid:
+                    f.close()
+            finally:
+                self._release()
+                self._finalized = True  # last: close() returns once the path is free again
+
+    def _release(self) -> None:
+        """After the file is closed: cut the reserved tail, free the path."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            trim(fd)
+            os.close(fd)
+        self._lock.release()
+
+    def __repr__(self) -> str:
+        return f"HDF5Writer({str(self.path)!r}, {self._state})"
+
+
+@atexit.register
+def _close_abandoned() -> None:
+    """A writer the caller never closed still leaves a valid file (status ``failed``)."""
+    for writer in list(_LIVE):
+        try:
+            writer.close("failed")
+        except BaseException:  # noqa: BLE001  (exit path: the error was the caller's to see)
+            pass

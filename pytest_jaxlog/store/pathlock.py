@@ -1,0 +1,109 @@
+"""One writer per trajectory path, across threads and processes.
+
+Why a lock file beside the trajectory (``.<name>.jaxlog-lock``) and not a lock on the trajectory:
+a new trajectory is written under a temporary name and renamed into place, so the path changes
+inode while it is written and cannot carry the lock. Why ``flock``: two open files conflict even
+inside one process, and the kernel drops the lock when its holder dies, so a killed run never
+leaves a path locked (a stale lock file is taken over). The holder writes who it is into the
+file, so the process that loses names the one that won.
+
+The lock file is removed on release. A process that opened it just before can then lock the
+removed inode, so the holder checks after locking that the path still names the inode it holds.
+"""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import os
+import socket
+import sys
+from pathlib import Path
+
+from ..errors import WriterError
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; the in-process check in HDF5Writer still applies
+    fcntl = None  # type: ignore[assignment]
+
+LOCK_SUFFIX = ".jaxlog-lock"
+_ATTEMPTS = 32  # a lock file replaced between our open and our lock, this many times in a row: give up
+
+
+def lock_path(target: Path) -> Path:
+    return target.with_name(f".{target.name}{LOCK_SUFFIX}")
+
+
+def _holder_text() -> str:
+    cmd = " ".join(sys.argv)[:300] if sys.argv else "?"
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return f"pid {os.getpid()} on {socket.gethostname()} since {now}: {cmd}"
+
+
+class PathLock:
+    """Exclusive right to create and write ``target``; ``acquire`` raises ``WriterError`` naming
+    the process that holds it."""
+
+    def __init__(self, target: Path):
+        self.target = target
+        self.path = lock_path(target)
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> None:
+        if fcntl is None or self._fd is not None:
+            return
+        for _ in range(_ATTEMPTS):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                holder = self._read_holder(fd)
+                os.close(fd)
+                if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
+                    # the file system cannot lock (ENOLCK, EOPNOTSUPP: some network mounts): write
+                    # without the cross-process check, as HDF5 does with HDF5_USE_FILE_LOCKING=FALSE
+                    self._unlink()
+                    return
+                raise WriterError(
+                    f"cannot write {self.target}: another writer is writing it ({holder or 'holder unknown'}); "
+                    f"one path takes one writer at a time: give each run its own path"
+                ) from None
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+            except FileNotFoundError:
+                same = False
+            if not same:  # the previous holder removed the file we locked: lock the current one
+                os.close(fd)
+                continue
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, _holder_text().encode(), 0)
+            self._fd = fd
+            return
+        raise WriterError(f"cannot lock {self.target} for writing: {self.path} keeps being replaced")
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            self._unlink()  # while still locked: a waiter then sees the inode is gone
+        finally:
+            os.close(fd)
+
+    def _unlink(self) -> None:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass  # removed by hand: nothing left to clean
+
+    @staticmethod
+    def _read_holder(fd: int) -> str:
+        try:
+            return os.pread(fd, 1024, 0).decode(errors="replace").strip()
+        except OSError:
+            return ""

@@ -1,0 +1,794 @@
+"""Reading trajectories: one interface for files (``jl.load``) and memory (``run.trajectory``).
+
+File reads are lazy: ``traj["x", 10:20]`` reads those 10 frames from disk, nothing else.
+The file is opened per read (no handle kept), so a trajectory object never pins a file.
+
+A file may come from anywhere (a CI artifact, an attachment): ``load`` checks everything it will
+rely on (the /jaxlog attributes, the schema, each record's datasets against it) and every read
+re-checks the objects it touches, since the path may name another file by then. Objects are
+reached through hard links only and data is read only from the file itself (``h5safe``).
+Anything malformed is one ``JaxlogError`` naming the file and what is wrong.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import h5py
+import numpy as np
+
+from ..errors import JaxlogError
+from ..record.frames import FORMAT_VERSION, Frames, Schema
+from ..record.records import leaf_paths
+from . import h5safe
+from .dtypes import DTYPE_ATTR, KEY_IMPL_ATTR, check_leaf_dtype, decode, dtype_from_name, storage_dtype
+from .hdf5 import CRC_ATTR, json_crc32
+from .sink import STATUSES
+
+_REQUIRED = ("format_version", "schema", "status", "steps_done")
+_OPTIONAL = ("provenance", "meta", "violation", "writer_error", "summary", "parts")
+_READ_ERRORS = (OSError, RuntimeError, KeyError)  # what h5py raises for unreadable or corrupted data
+_MAX_RANK = 32  # numpy's limit on dimensions
+
+
+def _open(path: Path) -> h5py.File:
+    try:
+        return h5py.File(path, "r")
+    except OSError as exc:
+        msg = str(exc)
+        if "lock" in msg:  # a live writer in another process holds the lock: read what it flushed
+            return h5py.File(path, "r", locking=False)
+        if "open for write" in msg or "consistency flags" in msg:
+            return h5py.File(path, "r", swmr=True)  # a SWMR writer died: its data is consistent
+        raise
+
+
+def _read(ds: h5py.Dataset, n: int, index: Any) -> np.ndarray:
+    """``values[:n][index]`` with numpy's semantics, reading only the frames ``index`` selects.
+
+    The frame-axis part of ``index`` (an int, a slice, an int/bool array) is read from disk as a
+    block; the whole index is then applied to that block with the frame part remapped into it,
+    so trailing indices (``traj["x", 2:4, 1]``), several advanced indices broadcasting together,
+    and out-of-range errors behave exactly as on the in-memory array. Anything else on the frame
+    axis (``...``, ``None``) reads the ``n`` frames and lets numpy index them."""
+    if index is None:
+        return ds[:n] if n else ds[:0]
+    if isinstance(index, tuple):
+        first, rest = (index[0], index[1:]) if index else (slice(None), ())
+    else:
+        first, rest = index, ()
+    if 0 in ds.shape[1:]:  # h5py cannot select in zero-size dataspaces; nothing to read anyway
+        return np.empty((n, *ds.shape[1:]), dtype=ds.dtype)[index]
+    if first is Ellipsis or first is None:
+        return (ds[:n] if n else ds[:0])[index]
+    if isinstance(first, (int, np.integer)) and not isinstance(first, (bool, np.bool_)):
+        i = int(first)
+        if not -n <= i < n:
+            raise IndexError(f"frame index {i} out of range for {n} frames")
+        block, local = ds[i % n : i % n + 1], 0
+    elif isinstance(first, slice):
+        start, stop, step = first.indices(n)
+        if step > 0:
+            block = ds[start:stop:step] if stop > start else ds[0:0]
+        else:
+            idx = np.arange(start, stop, step)
+            block = ds[idx[::-1]][::-1] if len(idx) else ds[0:0]
+        local = slice(None)
+    else:
+        arr = np.asarray(first)
+        if arr.dtype == np.bool_:
+            if arr.ndim != 1:  # a multi-axis mask spans more than the frame axis: let numpy do it
+                return (ds[:n] if n else ds[:0])[index]
+            if len(arr) != n:
+                raise IndexError(f"boolean frame index of length {len(arr)} for {n} frames")
+            arr = np.flatnonzero(arr)
+        idx = np.arange(n)[arr]  # IndexError for out-of-range entries, like numpy
+        uniq, inverse = np.unique(idx, return_inverse=True)
+        block = ds[uniq] if len(uniq) else ds[0:0]
+        local = inverse.reshape(idx.shape)
+    return np.asarray(block)[(local, *rest)]
+
+
+class _LeafData(NamedTuple):
+    step: h5py.Dataset
+    value: h5py.Dataset
+    time: h5py.Dataset | None
+    dtype_name: str | None  # the jaxlog_dtype attribute of value (ml_dtypes), checked against the schema
+
+
+def _attr_text(obj: Any, key: str, file: Path, where: str) -> str | None:
+    """A string attribute (str or bytes) or None if absent; JaxlogError if it is anything else."""
+    try:
+        if key not in obj.attrs:
+            return None
+        raw = obj.attrs[key]
+    except (*_READ_ERRORS, TypeError, ValueError) as exc:
+        raise JaxlogError(f"{file}: cannot read attribute {key!r} of {where} ({type(exc).__name__}: {exc})") from None
+    if isinstance(raw, np.ndarray) and raw.shape == () and raw.dtype.kind in "SUO":
+        raw = raw[()]
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode()
+        except UnicodeDecodeError:
+            raise JaxlogError(f"{file}: attribute {key!r} of {where} is not UTF-8 text") from None
+    if not isinstance(raw, str):
+        raise JaxlogError(f"{file}: attribute {key!r} of {where} is not a string (got {type(raw).__name__})")
+    return raw
+
+
+def leaf_data(f: h5py.File, file: Path, leaf: Any) -> _LeafData:
+    """The datasets of one record, each checked against the schema (shape, dtype, layout)."""
+    where = f"/observables/{leaf.path}"
+    obs = h5safe.group(h5safe.child(f, "observables", file, "/observables"), file, "/observables")
+    g = h5safe.group(h5safe.get(obs, leaf.path, file, "/observables"), file, where)
+    step = h5safe.dataset(h5safe.child(g, "step", file, f"{where}/step"), file, f"{where}/step")
+    value = h5safe.dataset(h5safe.child(g, "value", file, f"{where}/value"), file, f"{where}/value")
+    tds = h5safe.child(g, "time", file, f"{where}/time")
+    if tds is not None:
+        tds = h5safe.dataset(tds, file, f"{where}/time")
+        if tds.ndim != 1 or tds.dtype.kind != "f":
+            raise JaxlogError(f"{file}: {where}/time has shape {tds.shape} and dtype {tds.dtype}; expected 1-d floats")
+    if step.ndim != 1 or step.dtype.kind not in "iu":
+        raise JaxlogError(f"{file}: {where}/step has shape {step.shape} and dtype {step.dtype}; expected 1-d integers")
+    stored, dname = storage_dtype(leaf.dtype)
+    if value.ndim != 1 + len(leaf.shape) or tuple(value.shape[1:]) != tuple(leaf.shape):
+        raise JaxlogError(f"{file}: {where}/value has shape {value.shape}; the schema says frames of shape "
+                          f"{tuple(leaf.shape)}")
+    if value.dtype != stored:
+        raise JaxlogError(f"{file}: {where}/value has dtype {value.dtype}; the schema says {leaf.dtype}")
+    attr = _attr_text(value, DTYPE_ATTR, file, f"{where}/value")
+    if attr != dname:
+        raise JaxlogError(f"{file}: {where}/value is marked as {attr or 'plain ' + str(value.dtype)}; the schema "
+                          f"says {leaf.dtype}")
+    return _LeafData(step, value, tds, dname)
+
+
+def _nest(flat: dict[str, Any], prefix: str) -> dict:
+    """{"a/b/c": x} under prefix "a" -> {"b": {"c": x}}."""
+    out: dict = {}
+    for path, value in flat.items():
+        parts = path[len(prefix) + 1 :].split("/") if prefix else path.split("/")
+        node = out
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return out
+
+
+def _steps_summary(steps: np.ndarray) -> str:
+    if not len(steps):
+        return "none"
+    if len(steps) <= 6:
+        return ", ".join(str(int(s)) for s in steps)
+    return f"{len(steps)} steps from {int(steps[0])} to {int(steps[-1])}"
+
+
+def _rebuild(flat: dict[str, np.ndarray], impls: dict[str, str], like: Any, *, where: str) -> Any:
+    """``like``'s pytree with its leaves taken from ``flat`` (``{"state/<key path>": array}``)."""
+    import jax
+
+    pairs, treedef = jax.tree_util.tree_flatten_with_path(like)
+    paths = leaf_paths("state", [kp for kp, _ in pairs])
+    missing = [p for p in paths if p not in flat]
+    if missing:
+        raise JaxlogError(f"{where} does not match like=: the file has no {', '.join(missing[:5])} "
+                          f"(it holds {', '.join(sorted(flat)[:8]) or 'nothing'})")
+    extra = sorted(set(flat) - set(paths))
+    if extra:
+        raise JaxlogError(f"{where} does not match like=: like= has no leaf for {', '.join(extra[:5])}")
+    leaves = []
+    for path, (_, template) in zip(paths, pairs):
+        value = flat[path]
+        impl = impls.get(path.removeprefix("state/")) or impls.get(path)
+        if impl is not None:
+            value = jax.random.wrap_key_data(value, impl=impl)
+        want = getattr(template, "shape", None)
+        if want is not None and tuple(value.shape) != tuple(want):
+            raise JaxlogError(f"{where}: leaf {path} has shape {tuple(value.shape)}, like= has {tuple(want)}")
+        leaves.append(value)
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+class Trajectory:
+    """Recorded values, steps and times per record path, plus run status and provenance.
+
+    ``traj["energy"]`` -> array [frames, ...]; ``traj["state"]`` (a prefix) -> nested dict;
+    ``traj["x", 10:20]`` reads only frames 10..19. ``steps(name)``, ``time(name)``.
+    """
+
+    def __init__(self, schema: Schema, info: dict, *, path: Path | None = None, frames: Frames | None = None,
+                 attachments: dict | None = None):
+        self.schema = schema
+        self._info = info
+        self.path = path
+        self._frames = frames  # in memory; None for files
+        self._attachments = attachments  # in memory; None for files
+        self._lengths: dict[str, int] | None = None
+        self._attachment_impls: dict[str, dict[str, str]] = {}
+        self._chunks_ok: set[tuple] = set()  # datasets whose chunk index was checked (file reads)
+
+    # -- metadata ----------------------------------------------------------------------------
+    @property
+    def records(self) -> tuple[str, ...]:
+        return self.schema.paths
+
+    @property
+    def status(self) -> str:
+        return self._info.get("status", "running")
+
+    @property
+    def steps_done(self) -> int:
+        return int(self._info.get("steps_done") or 0)
+
+    @property
+    def violation(self) -> dict | None:
+        return self._info.get("violation")
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the run stopped: ``until``, ``steps``, ``violation`` or ``interrupted`` (None for a
+        file whose run did not say: a Recorder loop, a killed process, an older file)."""
+        summary = self._info.get("summary")
+        return summary.get("stop_reason") if isinstance(summary, dict) else None
+
+    @property
+    def systems_done(self) -> np.ndarray | None:
+        """Batched runs with ``until=``: the step at which each system finished."""
+        summary = self._info.get("summary")
+        done = summary.get("systems_done") if isinstance(summary, dict) else None
+        return None if done is None else np.asarray(done, dtype=np.int64)
+
+    @property
+    def meta(self) -> dict:
+        return self._info.get("meta") or {}
+
+    @property
+    def provenance(self) -> dict:
+        return self._info.get("provenance") or self.meta.get("provenance") or {}
+
+    @property
+    def writer_error(self) -> str | None:
+        return self._info.get("writer_error")
+
+    @property
+    def dt(self) -> float | None:
+        return self.schema.dt
+
+    def key_impl(self, name: str) -> str | None:
+        """PRNG impl of a key-data record (``traj[name]`` holds uint32 key data), else None."""
+        return self.schema[self._leaf(name)].key_impl
+
+    def __contains__(self, name: str) -> bool:
+        return any(p == name or p.startswith(name + "/") for p in self.schema.paths)
+
+    def __len__(self) -> int:
+        return len(self.schema.paths)
+
+    def __iter__(self):
+        return iter(self.schema.paths)
+
+    def __repr__(self) -> str:
+        where = str(self.path) if self.path is not None else "memory"
+        return f"<Trajectory {where}: {len(self.records)} records, status={self.status}, steps_done={self.steps_done}>"
+
+    # -- values ------------------------------------------------------------------------------
+    def _leaf(self, name: str) -> str:
+        paths = self.schema.resolve(name)
+        if paths != (name,):
+            raise JaxlogError(f"{name!r} is a group of records ({', '.join(paths)}); name one leaf")
+        return name
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, tuple):
+            if len(key) < 2 or not isinstance(key[0], str):
+                raise JaxlogError("index a trajectory as traj[name] or traj[name, frames]")
+            name, index = key[0], (key[1] if len(key) == 2 else key[1:])
+        else:
+            name, index = key, None
+        if not isinstance(name, str):
+            raise JaxlogError(f"record names are strings, got {name!r}")
+        paths = self.schema.resolve(name)
+        if paths == (name,):
+            return self._values(name, index)
+        return _nest({p: self._values(p, index) for p in paths}, name)
+
+    def values(self, name: str, index: Any = None) -> Any:
+        """``traj[name]``, or ``traj[name, index]``: ``index`` selects frames (positions in the
+        record), not step numbers; :meth:`at` and :meth:`between` select by step."""
+        return self[name] if index is None else self[name, index]
+
+    def at(self, name: str, step: int) -> Any:
+        """The value recorded at ``step``, with the record's own shape (a record taken once,
+        ``jl.at(k)``, reads back as its value, not a stack of one frame)."""
+        steps = self.steps(name)
+        i = int(np.searchsorted(steps, step))
+        if i >= len(steps) or steps[i] != step:
+            raise JaxlogError(f"record {name!r} was not recorded at step {step} (recorded: {_steps_summary(steps)})")
+        return self[name, i]
+
+    def between(self, name: str, start: int, stop: int) -> Any:
+        """The values recorded at steps ``start..stop`` (inclusive); their steps are
+        ``traj.steps(name)`` in that range."""
+        steps = self.steps(name)
+        lo, hi = np.searchsorted(steps, start, side="left"), np.searchsorted(steps, stop, side="right")
+        return self[name, slice(int(lo), int(hi))]
+
+    def state(self, step: int, like: Any = None) -> Any:
+        """The full state stored at ``step`` (a checkpoint, else a post-mortem state).
+
+        With ``like`` (a state of the same structure, e.g. the kernel's initial state) it comes
+        back as the kernel's own pytree: namedtuples, dataclasses (``flax.struct``/``chex``
+        style included) and registered nodes, rebuilt from the stored key paths, with typed PRNG
+        keys wrapped again; the types come from ``like``, never from the file (opening a file
+        runs no code). Without ``like``: nested dicts of numpy arrays.
+        """
+        for name in ("checkpoint", "postmortem"):
+            snaps = self.attachment(name)
+            if step in snaps:
+                flat, impls = snaps[step], self.attachment_key_impls(name)
+                break
+        else:
+            stored = sorted(set(self.attachment("checkpoint")) | set(self.postmortem))
+            raise JaxlogError(f"{self.path or 'trajectory'}: no state stored at step {step} "
+                              f"(states stored at steps: {stored or 'none'})")
+        flat = {p: v for p, v in flat.items() if p == "state" or p.startswith("state/")}
+        if like is None:
+            return flat["state"] if "state" in flat else _nest(flat, "state")
+        return _rebuild(flat, impls, like, where=f"the state at step {step}")
+
+    def steps(self, name: str, index: Any = None) -> np.ndarray:
+        """Recorded step numbers of a record (for a group: its leaves must share them)."""
+        paths = self.schema.resolve(name)
+        out = self._steps(paths[0], index)
+        for p in paths[1:]:
+            other = self._steps(p, index)
+            if not np.array_equal(other, out):
+                raise JaxlogError(f"records under {name!r} have different steps; ask for one leaf")
+        return out
+
+    def time(self, name: str, index: Any = None) -> np.ndarray:
+        """Times of a record's frames (step * dt)."""
+        if self.schema.dt is None:
+            raise JaxlogError(f"record {name!r} has no time: the run was not given dt=")
+        paths = self.schema.resolve(name)
+        if self._frames is None:
+            times = self._file_read(paths[0], "time", index)
+            if times is not None:
+                return times
+        return self.steps(name, index).astype(np.float64) * self.schema.dt
+
+    def wrap_keys(self, name: str, index: Any = None):
+        """A typed PRNG key array for a key record (imports jax)."""
+        impl = self.key_impl(name)
+        if impl is None:
+            raise JaxlogError(f"record {name!r} is not a PRNG key record")
+        import jax
+
+        return jax.random.wrap_key_data(self._values(name, index), impl=impl)
+
+    def _values(self, path: str, index: Any) -> np.ndarray:
+        if self._frames is not None:
+            values = self._frames.values[path]
+            return values if index is None else values[index]
+        return self._file_read(path, "value", index)
+
+    def _steps(self, path: str, index: Any) -> np.ndarray:
+        if self._frames is not None:
+            steps = self._frames.steps[path]
+            return steps if index is None else steps[index]
+        return self._file_read(path, "step", index)
+
+    def _file_lengths(self, f: h5py.File) -> dict[str, int]:
+        """Frames per record: the shortest of step/value(/time), so a killed writer's half-appended batch
+        is not shown."""
+        if self._lengths is None or self.status == "running":
+            lengths = {}
+            for leaf in self.schema.leaves:
+                d = leaf_data(f, self.path, leaf)
+                lengths[leaf.path] = min(ds.shape[0] for ds in (d.step, d.value, d.time) if ds is not None)
+            self._lengths = lengths
+        return self._lengths
+
+    def _file_read(self, path: str, what: str, index: Any) -> np.ndarray | None:
+        with _reading(self.path) as f:
+            n = self._file_lengths(f)[path]
+            d = leaf_data(f, self.path, self.schema[path])
+            ds = getattr(d, what)
+            if ds is None:
+                return None
+            self._check_chunks(ds, n, f"/observables/{path}/{what}")
+            try:
+                out = _read(ds, n, index)
+            except _READ_ERRORS as exc:
+                out = self._read_torn(ds, n, index)
+                if out is None:
+                    raise JaxlogError(f"{self.path}: reading record {path!r} ({what}) failed: the file is damaged "
+                                      f"({type(exc).__name__}: {exc})") from None
+            if what == "value":
+                out = decode(np.asarray(out), d.dtype_name)
+            return out
+
+    def _read_torn(self, ds: h5py.Dataset, n: int, index: Any) -> np.ndarray | None:
+        """``values[:n][index]`` of a file whose writer was killed while it rewrote the last chunk
+        (see ``h5safe.read_rows_unchecked``): every earlier chunk verified, that one read as it is.
+        None where that does not explain the failure (the file was finished, an earlier chunk is
+        damaged, the chunks are compressed)."""
+        if self.status != "running" or n <= 0 or ds.chunks is None:
+            return None
+        rows = ds.chunks[0]
+        last = (ds.shape[0] - 1) // rows * rows  # the chunk the writer was rewriting
+        if last >= n:
+            return None
+        try:
+            head, tail = ds[:last], h5safe.read_rows_unchecked(ds, last, n)
+        except _READ_ERRORS:
+            return None
+        if tail is None:
+            return None
+        whole = np.concatenate([head, tail])
+        return whole if index is None else whole[index]
+
+    def _check_chunks(self, ds: h5py.Dataset, rows: int, where: str) -> None:
+        """``h5safe.check_chunks`` once per dataset and version of the file (a live file is re-checked)."""
+        try:
+            st = os.stat(self.path)
+            key = (where, rows, st.st_ino, st.st_size, st.st_mtime_ns)
+        except OSError:
+            key = None
+        if key is not None and key in self._chunks_ok:
+            return
+        h5safe.check_chunks(ds, rows, self.path, where)
+        if key is not None:
+            self._chunks_ok.add(key)
+
+    # -- attachments -------------------------------------------------------------------------
+    def attachment(self, name: str, *, skip_damaged: bool = False) -> dict[int, dict[str, np.ndarray]]:
+        """Named snapshots: ``{step: {path: array}}`` (empty when none). ``skip_damaged``: leave out
+        a snapshot that does not read (one a killed writer was writing) instead of raising."""
+        if self._attachments is not None:
+            return {k: dict(v) for k, v in self._attachments.get(name, {}).items()}
+        out: dict[int, dict[str, np.ndarray]] = {}
+        with _reading(self.path) as f:
+            root = _attachments_root(f, self.path, name)
+            if root is None:
+                return out
+            for step in root.keys():
+                try:
+                    out.update(self._snapshot(root, name, step))
+                except JaxlogError:
+                    if not skip_damaged:
+                        raise
+        return dict(sorted(out.items()))
+
+    def _snapshot(self, root: Any, name: str, step: str) -> dict[int, dict[str, np.ndarray]]:
+        """One attachment group, read and checked."""
+        where = f"/jaxlog/attachments/{name}/{step}"
+        try:
+            g = h5safe.group(h5safe.child(root, step, self.path, where), self.path, where)
+        except _READ_ERRORS as exc:
+            raise JaxlogError(f"{self.path}: reading {where} failed: the file is damaged "
+                              f"({type(exc).__name__}: {exc})") from None
+        try:
+            k = int(step)
+        except ValueError:
+            raise JaxlogError(f"{self.path}: {where}: attachment steps are integers, got {step!r}") from None
+        arrays: dict[str, np.ndarray] = {}
+
+        def visit(rel: str, ds: h5py.Dataset, where=where) -> None:
+            dname = _attr_text(ds, DTYPE_ATTR, self.path, f"{where}/{rel}")
+            if ds.ndim:
+                self._check_chunks(ds, ds.shape[0], f"{where}/{rel}")
+            try:
+                data = ds[()]
+            except _READ_ERRORS as exc:
+                raise JaxlogError(f"{self.path}: reading {where}/{rel} failed: the file is damaged "
+                                  f"({type(exc).__name__}: {exc})") from None
+            arrays[rel] = _decode_checked(np.asarray(data), dname, self.path, f"{where}/{rel}")
+
+        try:
+            h5safe.walk_datasets(g, self.path, where, visit)
+        except _READ_ERRORS as exc:
+            raise JaxlogError(f"{self.path}: reading {where} failed: the file is damaged "
+                              f"({type(exc).__name__}: {exc})") from None
+        return {k: arrays}
+
+    def attachment_key_impls(self, name: str) -> dict[str, str]:
+        """PRNG impl per attachment path whose array is key data."""
+        if self._attachments is not None or self.path is None:
+            return dict(self._attachment_impls.get(name, {}))
+        out: dict[str, str] = {}
+        with _reading(self.path) as f:
+            root = _attachments_root(f, self.path, name)
+            if root is None:
+                return out
+            for step in root.keys():
+                where = f"/jaxlog/attachments/{name}/{step}"
+                g = h5safe.group(h5safe.child(root, step, self.path, where), self.path, where)
+
+                def visit(rel: str, ds: h5py.Dataset, where=where) -> None:
+                    impl = _attr_text(ds, KEY_IMPL_ATTR, self.path, f"{where}/{rel}")
+                    if impl is not None:
+                        out[rel] = impl
+
+                h5safe.walk_datasets(g, self.path, where, visit)
+        return out
+
+    @property
+    def postmortem(self) -> dict[int, dict[str, np.ndarray]]:
+        return self.attachment("postmortem")
+
+    # -- conversions -------------------------------------------------------------------------
+    def frames(self) -> Frames:
+        """Everything as one ``Frames`` batch (reads the whole file)."""
+        out = Frames()
+        for path in self.records:
+            out.add(path, self._steps(path, None), self._values(path, None))
+        return out
+
+    def save(self, path: str | os.PathLike, *, compression: str | None = "gzip", **writer_kwargs: Any) -> Path:
+        """Write this trajectory as a new jaxlog HDF5 file (golden files); returns the path.
+
+        Small files for version control: chunks sized to the data, and ``compression`` (gzip with
+        shuffle by default; lossless, values read back bit for bit; None to store raw).
+        """
+        from ..store.hdf5 import HDF5Writer
+
+        frames = self.frames()
+        writer_kwargs.setdefault("expected_frames", {p: len(s) for p, s in frames.steps.items()})
+        writer = HDF5Writer(path, compression=compression, **writer_kwargs)
+        meta = dict(self.meta)
+        meta.setdefault("provenance", self.provenance)
+        writer.open(self.schema, meta)
+        try:
+            writer.write(frames)
+            names = {"postmortem"} if self._attachments is None else set(self._attachments)
+            if self._attachments is None and self.path is not None:
+                with _reading(self.path) as f:
+                    root = _attachments_root(f, self.path, None)
+                    names = set(root) if root is not None else set()
+            for name in sorted(names):
+                impls = self.attachment_key_impls(name)
+                for step, tree in self.attachment(name).items():
+                    writer.attach(name, step, tree, key_impls=impls)
+        except BaseException:
+            writer.close("failed", steps_done=self.steps_done)
+            raise
+        writer.close(self.status, steps_done=self.steps_done, violation=self.violation,
+                     summary=self._info.get("summary"))
+        return Path(path)
+
+    @classmethod
+    def from_sink(cls, sink: Any) -> "Trajectory":
+        """The in-memory trajectory of a ``MemorySink`` (a snapshot of what it holds now)."""
+        if sink.schema is None:
+            raise JaxlogError("MemorySink was never opened: nothing was recorded")
+        meta = dict(sink.meta)
+        info = {
+            "status": sink.status,
+            "steps_done": sink.steps_done,
+            "violation": sink.violation,
+            "summary": sink.summary,
+            "meta": meta,
+            "provenance": meta.get("provenance"),
+        }
+        traj = cls(sink.schema, info, frames=sink.frames(), attachments=dict(sink.attachments))
+        traj._attachment_impls = {k: dict(v) for k, v in getattr(sink, "attachment_key_impls", {}).items()}
+        return traj
+
+
+def _open_checked(path: Path) -> h5py.File:
+    """``_open`` with every failure (gone, replaced by junk, unreadable) as one JaxlogError."""
+    try:
+        return _open(path)
+    except FileNotFoundError:
+        raise JaxlogError(f"{path}: no such trajectory file") from None
+    except (OSError, RuntimeError, ValueError) as exc:
+        if "signature" in str(exc):
+            raise JaxlogError(f"{path} is not a pytest-jaxlog trajectory: not an HDF5 file ({exc})") from None
+        raise JaxlogError(f"{path}: cannot open the trajectory file ({exc})") from None
+
+
+@contextlib.contextmanager
+def _reading(path: Path):
+    """The open file, with h5py's errors from reading a damaged one as one JaxlogError."""
+    with _open_checked(path) as f:
+        try:
+            yield f
+        except _READ_ERRORS as exc:
+            raise JaxlogError(f"{path}: the file is damaged ({type(exc).__name__}: {exc})") from None
+
+
+def _attachments_root(f: h5py.File, file: Path, name: str | None) -> h5py.Group | None:
+    """/jaxlog/attachments (or its ``name`` group), through hard links; None when absent."""
+    jl = h5safe.group(h5safe.child(f, "jaxlog", file, "/jaxlog"), file, "/jaxlog")
+    root = h5safe.child(jl, "attachments", file, "/jaxlog/attachments")
+    if root is None:
+        return None
+    root = h5safe.group(root, file, "/jaxlog/attachments")
+    if name is None:
+        return root
+    sub = h5safe.child(root, name, file, f"/jaxlog/attachments/{name}")
+    return None if sub is None else h5safe.group(sub, file, f"/jaxlog/attachments/{name}")
+
+
+def _decode_checked(stored: np.ndarray, dname: str | None, file: Path, where: str) -> np.ndarray:
+    if stored.dtype.kind not in "biuf" and stored.dtype.kind != "c":
+        raise JaxlogError(f"{file}: {where} holds {stored.dtype} data, not numbers")
+    if dname is None:
+        return stored
+    try:
+        dtype = check_leaf_dtype(where, dtype_from_name(dname))
+    except JaxlogError as exc:
+        raise JaxlogError(f"{file}: {where}: {exc}") from None
+    if dtype.itemsize != stored.dtype.itemsize:
+        raise JaxlogError(f"{file}: {where} is marked as {dname} but holds {stored.dtype} data")
+    return stored.view(dtype)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_schedule(data: Any, where: str) -> None:
+    if not isinstance(data, dict):
+        raise JaxlogError(f"{where}: a schedule is an object, got {type(data).__name__}")
+    kind = data.get("kind")
+    fields = {"every": ("n", "start"), "at": (), "window": ("start", "stop", "every")}.get(kind) \
+        if isinstance(kind, str) else None
+    if fields is None:
+        raise JaxlogError(f"{where}: unknown schedule kind {kind!r}")
+    for key in fields:
+        if key in data and not (_is_int(data[key]) and 0 <= data[key] < 2**62):
+            raise JaxlogError(f"{where}: schedule {kind} field {key!r} must be an integer >= 0, got {data[key]!r}")
+    if kind == "at":
+        steps = data.get("steps")
+        if not isinstance(steps, list) or not steps or not all(_is_int(k) and 0 <= k < 2**62 for k in steps):
+            raise JaxlogError(f"{where}: schedule at needs a list of integer steps >= 0")
+
+
+def _schema_from_json(data: Any, file: Path) -> Schema:
+    """The schema, after checking every field it is built from (the file may be hostile)."""
+    where = f"{file}: /jaxlog attribute 'schema'"
+    if not isinstance(data, dict) or not isinstance(data.get("leaves"), list):
+        raise JaxlogError(f"{where} is not an object with a list of leaves")
+    if not isinstance(data.get("batched", False), bool):
+        raise JaxlogError(f"{where}: 'batched' must be true or false")
+    dt = data.get("dt")
+    if dt is not None and not (isinstance(dt, (int, float)) and not isinstance(dt, bool) and math.isfinite(dt)):
+        raise JaxlogError(f"{where}: 'dt' must be a finite number or null, got {dt!r}")
+    for i, leaf in enumerate(data["leaves"]):
+        at = f"{where}, leaf {i}"
+        if not isinstance(leaf, dict):
+            raise JaxlogError(f"{at} is not an object")
+        path, record = leaf.get("path"), leaf.get("record")
+        if not isinstance(path, str) or not path or any(p in ("", ".", "..") for p in path.split("/")):
+            raise JaxlogError(f"{at}: record path {path!r} is not a/b/c names")
+        if not isinstance(record, str):
+            raise JaxlogError(f"{at} ({path!r}): 'record' must be a string")
+        shape = leaf.get("shape")
+        if not isinstance(shape, list) or len(shape) >= _MAX_RANK or not all(_is_int(n) and 0 <= n < 2**40 for n in shape):
+            raise JaxlogError(f"{at} ({path!r}): shape {shape!r} is not a list of sizes")
+        dtype = leaf.get("dtype")
+        if not isinstance(dtype, str):
+            raise JaxlogError(f"{at} ({path!r}): dtype {dtype!r} is not a dtype name")
+        try:
+            check_leaf_dtype(path, dtype_from_name(dtype))
+        except JaxlogError as exc:
+            raise JaxlogError(f"{at}: {exc}") from None
+        if leaf.get("key_impl") is not None and not isinstance(leaf.get("key_impl"), str):
+            raise JaxlogError(f"{at} ({path!r}): 'key_impl' must be a string or null")
+        _check_schedule(leaf.get("schedule"), f"{at} ({path!r})")
+    try:
+        return Schema.from_json(data)
+    except JaxlogError as exc:
+        raise JaxlogError(f"{where}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001  (checked above; anything left is still a bad file, said so)
+        raise JaxlogError(f"{where} is malformed ({type(exc).__name__}: {exc})") from None
+
+
+def _check_crc(jl: h5py.Group, texts: dict[str, str | None], file: Path) -> None:
+    """The checksum of the JSON attributes (files from before it have none)."""
+    try:
+        if CRC_ATTR not in jl.attrs:
+            return
+        stored = jl.attrs[CRC_ATTR]
+    except (*_READ_ERRORS, TypeError, ValueError) as exc:
+        raise JaxlogError(f"{file}: cannot read attribute {CRC_ATTR!r} of /jaxlog ({exc})") from None
+    stored = np.asarray(stored)
+    if stored.shape != () or stored.dtype.kind not in "iu":
+        raise JaxlogError(f"{file}: /jaxlog attribute {CRC_ATTR!r} is not a checksum")
+    if int(stored) != json_crc32(texts):
+        raise JaxlogError(f"{file}: the /jaxlog attributes do not match their checksum: the file is damaged or "
+                          f"was edited")
+
+
+def _read_info(jl: h5py.Group, file: Path) -> dict[str, Any]:
+    """The /jaxlog attributes, decoded from JSON and checked for type."""
+    info: dict[str, Any] = {}
+    texts: dict[str, str | None] = {}
+    missing = []
+    for key in _REQUIRED + _OPTIONAL:
+        raw = texts[key] = _attr_text(jl, key, file, "/jaxlog")
+        if raw is None:
+            if key in _REQUIRED:
+                missing.append(key)
+            continue
+        try:
+            info[key] = json.loads(raw)
+        except (ValueError, RecursionError):
+            raise JaxlogError(f"{file}: /jaxlog attribute {key!r} is not JSON") from None
+    if missing:
+        raise JaxlogError(f"{file} is not a pytest-jaxlog trajectory: /jaxlog lacks {', '.join(missing)}")
+    version = info["format_version"]
+    if not _is_int(version) or version < 1:
+        raise JaxlogError(f"{file}: /jaxlog attribute 'format_version' is {version!r}, not a version number")
+    if version > FORMAT_VERSION:
+        raise JaxlogError(
+            f"{file} was written by a newer pytest-jaxlog (format version {version}; this version reads "
+            f"<= {FORMAT_VERSION}): upgrade pytest-jaxlog to read it"
+        )
+    _check_crc(jl, texts, file)
+    if info["status"] not in STATUSES:
+        raise JaxlogError(f"{file}: /jaxlog attribute 'status' is {info['status']!r}; expected one of "
+                          f"{', '.join(STATUSES)}")
+    if not _is_int(info["steps_done"]) or not 0 <= info["steps_done"] < 2**63:
+        raise JaxlogError(f"{file}: /jaxlog attribute 'steps_done' is {info['steps_done']!r}, not a step number")
+    for key in ("provenance", "meta", "violation", "summary"):
+        if info.get(key) is not None and not isinstance(info[key], dict):
+            raise JaxlogError(f"{file}: /jaxlog attribute {key!r} must be an object or null")
+    summary = info.get("summary") or {}
+    if summary.get("stop_reason") not in (None, "until", "steps", "violation", "interrupted"):
+        raise JaxlogError(f"{file}: /jaxlog summary's stop_reason is {summary.get('stop_reason')!r}")
+    done = summary.get("systems_done")
+    if done is not None and not (isinstance(done, list) and all(_is_int(d) and d >= 0 for d in done)):
+        raise JaxlogError(f"{file}: /jaxlog summary's systems_done is not a list of step numbers")
+    if info.get("writer_error") is not None and not isinstance(info["writer_error"], str):
+        raise JaxlogError(f"{file}: /jaxlog attribute 'writer_error' must be a string or null")
+    return info
+
+
+def load(path: str | os.PathLike) -> Trajectory:
+    """Open a pytest-jaxlog HDF5 trajectory (values are read lazily, on access).
+
+    The file may be hostile: nothing outside it is read, and anything malformed is a
+    ``JaxlogError`` naming the file and the problem."""
+    path = Path(path)
+    if not path.exists():
+        raise JaxlogError(f"{path}: no such trajectory file")
+    if path.is_dir():
+        inside = sorted(p.name for p in path.glob("*.h5"))[:5]
+        hint = f" (trajectory files in it: {', '.join(inside)})" if inside else ""
+        raise JaxlogError(f"{path} is a directory, not a trajectory file{hint}")
+    f = _open_checked(path)
+    with f:
+        try:
+            jl = h5safe.child(f, "jaxlog", path, "/jaxlog")
+            if jl is None:
+                try:
+                    top = ", ".join(f.keys()) or "(none)"
+                except (*_READ_ERRORS, ValueError):
+                    top = "unreadable"
+                raise JaxlogError(f"{path} is not a pytest-jaxlog trajectory: it has no /jaxlog group "
+                                  f"(top-level groups: {top})")
+            jl = h5safe.group(jl, path, "/jaxlog")
+            info = _read_info(jl, path)
+            schema = _schema_from_json(info["schema"], path)
+            if info.get("parts") is not None:  # the index of a run over several processes: data in the parts
+                from .parts import load_parts  # the multi-process index reader builds on this module
+
+                return load_parts(path, schema, info)
+            obs = h5safe.child(f, "observables", path, "/observables")
+            absent = [p for p in schema.paths
+                      if obs is None or h5safe.get(h5safe.group(obs, path, "/observables"), p, path, "/observables") is None]
+            if absent:
+                raise JaxlogError(f"{path}: records {absent} are in the schema but not under /observables")
+            traj = Trajectory(schema, info, path=path)
+            traj._file_lengths(f)  # every record's datasets, checked against the schema
+        except _READ_ERRORS as exc:  # a damaged object header, heap or B-tree
+            raise JaxlogError(f"{path}: the file is damaged ({type(exc).__name__}: {exc})") from None
+    return traj
