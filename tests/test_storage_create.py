@@ -232,13 +232,21 @@ def test_sigkill_in_a_tight_loop_never_leaves_an_unopenable_file(tmp_path):
             assert traj.status == "complete" and (traj["energy"] == 1.0).all()
             statuses.append("first")
             continue
-        statuses.append(traj.status)
         assert traj.status in ("complete", "running")
         k = traj.provenance["k"]
-        for i in range(8):
-            n = len(traj.steps(f"r{i}"))
-            assert n in ((0, 3) if traj.status == "running" else (3,))
-            np.testing.assert_array_equal(traj[f"r{i}"], np.full((n, 8), k, np.float64))
+        try:
+            for i in range(8):
+                n = len(traj.steps(f"r{i}"))
+                assert n in ((0, 3) if traj.status == "running" else (3,))
+                np.testing.assert_array_equal(traj[f"r{i}"], np.full((n, 8), k, np.float64))
+        except jl.JaxlogError as exc:
+            # the kill tore a record's chunk index mid-flush: only a file still being written can
+            # be torn, and reading it names the file and the record
+            assert traj.status == "running", exc
+            assert "t.h5" in str(exc) and "/observables/r" in str(exc)
+            statuses.append("damaged")
+            continue
+        statuses.append(traj.status)
     print(statuses)
     assert statuses.count("damaged") < len(statuses)  # most kills leave a file that opens
     write_file(path, 2.0)
