@@ -180,6 +180,54 @@ def test_sigkill_during_creation_keeps_the_previous_trajectory(tmp_path, point):
     assert (jl.load(path)["energy"] == 6.0).all()
 
 
+TERM_CHILD = """
+    import os, signal, sys, threading
+    import jax.numpy as jnp
+    import pytest_jaxlog as jl
+
+    path, point = sys.argv[1], sys.argv[2]
+
+    def then_term(fn):
+        def wrapped(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            if point == "renamed" or (point == "started" and args[0].name.startswith("jaxlog-hdf5")):
+                os.kill(os.getpid(), signal.SIGTERM)  # handled at the next bytecode after this returns
+            return out
+        return wrapped
+
+    if point == "renamed":  # the file just moved into place, the writer not marked open yet
+        os.replace = then_term(os.replace)
+    else:  # the writer thread just started, open() not returned yet
+        threading.Thread.start = then_term(threading.Thread.start)
+    try:
+        jl.run(lambda s: s + 1.0, jnp.zeros(3), 50, record={"s": lambda s: s}, sinks=[jl.HDF5Writer(path)],
+               progress=False)
+    except KeyboardInterrupt as exc:
+        print("interrupted", type(exc).__name__, flush=True)
+    point = "done"  # no more signals
+    traj = jl.load(path)
+    print(traj.status, traj.steps_done, len(traj.steps("s")), flush=True)
+    w = jl.HDF5Writer(path, overwrite=True)
+    w.open(jl.load(path).schema, {"provenance": {"again": 1}})
+    w.close("complete", steps_done=0)
+    print("reopened", flush=True)
+"""
+
+
+@pytest.mark.parametrize("point", ["renamed", "started"])
+def test_sigterm_while_the_writer_opens_leaves_a_stopped_file_and_a_free_path(tmp_path, point):
+    """SIGTERM (or Ctrl-C) between the file moving into place and the writer's open returning:
+    the file says ``stopped`` (it stayed ``running``, or was closed ``failed`` at exit) and the
+    process can write the path again (its lock was held until exit)."""
+    path = tmp_path / "t.h5"
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(TERM_CHILD), str(path), point], capture_output=True,
+                       text=True, env=ENV, timeout=GUARD_S)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["interrupted Terminated", "stopped 0 0", "reopened"], r.stdout + r.stderr
+    traj = jl.load(path)
+    assert traj.status == "complete" and traj.provenance == {"again": 1}
+
+
 LOOP_CHILD = """
     import sys
     import numpy as np

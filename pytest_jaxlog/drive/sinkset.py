@@ -84,7 +84,8 @@ class SinkSet:
             try:
                 s.open(schema, meta)
             except BaseException as exc:
-                also = self.close("failed", steps_done=0, violation=None, raise_errors=False)
+                status = "stopped" if isinstance(exc, KeyboardInterrupt) else "failed"
+                also = self.close(status, steps_done=0, violation=None, raise_errors=False)
                 if also is not None:
                     exc.add_note(f"[jaxlog] closing the sinks opened before it also failed: {type(also).__name__}: {also}")
                 raise

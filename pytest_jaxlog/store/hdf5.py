@@ -384,14 +384,21 @@ class HDF5Writer:
             if self.path.exists() and not self.overwrite:  # created meanwhile by another writer
                 raise JaxlogError(f"{self.path} exists and HDF5Writer(overwrite=False)")
             self._remove_stale_temps()
-            self._file = self._create_beside(schema, meta)
-        except BaseException:
-            self._lock.release()
+            self._create_beside(schema, meta)  # in place and "open" from here on
+            self._thread = threading.Thread(target=self._run, name=f"jaxlog-hdf5:{self.path.name}", daemon=True)
+            _LIVE.add(self)
+            self._thread.start()
+        except BaseException as exc:
+            if self._state != "open":
+                self._lock.release()
+                raise
+            # the file is in place (e.g. Ctrl-C or SIGTERM while the thread started): finish it
+            # here, so it says how the run ended and the path is free, as a failed open must leave it
+            try:
+                self.close("stopped" if isinstance(exc, KeyboardInterrupt) else "failed", steps_done=0)
+            except BaseException as also:  # noqa: BLE001  (the open's own error is the one to see)
+                exc.add_note(f"[jaxlog] finishing {self.path} after the failed open also failed: {also}")
             raise
-        self._state = "open"
-        self._thread = threading.Thread(target=self._run, name=f"jaxlog-hdf5:{self.path.name}", daemon=True)
-        _LIVE.add(self)
-        self._thread.start()
 
     def set_timeline(self, timeline: Any) -> None:
         """Record a slice per batch write on the ``writer`` track of a ``_perfetto.Timeline``."""
@@ -579,8 +586,9 @@ class HDF5Writer:
                 except OSError:
                     pass  # gone already, or not ours to remove: it only takes space
 
-    def _create_beside(self, schema: Schema, meta: dict) -> h5py.File:
-        """The complete, flushed layout under a temporary name, then renamed to ``path``."""
+    def _create_beside(self, schema: Schema, meta: dict) -> None:
+        """The complete, flushed layout under a temporary name, then renamed to ``path``; the
+        writer is ``open`` as soon as the file is in place."""
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}-{secrets.token_hex(4)}{TMP_SUFFIX}")
         f = None
         try:
@@ -595,7 +603,12 @@ class HDF5Writer:
             if self._flushed_end > self._space.reserved:
                 self.stats["reserve_misses"] += 1
             os.replace(tmp, self.path)
+            self._file, self._state = f, "open"
         except BaseException as exc:
+            if self._state != "open" and f is not None and not os.path.lexists(tmp):  # renamed, then interrupted
+                self._file, self._state = f, "open"
+            if self._state == "open":  # in place already: open() finishes it
+                raise
             if f is not None:
                 _close_discarding(f)
             if self._fd is not None:
@@ -608,7 +621,6 @@ class HDF5Writer:
             if isinstance(exc, JaxlogError) or not isinstance(exc, Exception):
                 raise
             raise WriterError(f"cannot create trajectory file {self.path}: {exc}") from exc
-        return f
 
     def _build(self, f: h5py.File, schema: Schema, meta: dict) -> None:
         from .. import __version__
