@@ -130,6 +130,42 @@ def test_only_sparse_records_step_ahead_between_scheduled_steps(which):
         np.testing.assert_array_equal(r.trajectory.steps("x"), sched.steps_between(0, stop))
 
 
+@pytest.mark.parametrize("which", range(len(SCHEDULES)))
+def test_only_sparse_views_on_one_schedule_record_the_values_of_a_plain_loop(which):
+    """Sparse views sharing one schedule are evaluated at every state the inner loop reaches and
+    written where scheduled: exactly the scheduled frames, with a plain loop's values, for any
+    chunk size, when until= stops the run between two scheduled states, and beside a when= record
+    (evaluated only where scheduled) and a sparse aux record (taken by the scheduled step itself)."""
+    sched = SCHEDULES[which]
+    ref = _reference(40)
+    stop = next(k for k in range(41) if float(ref[k]["x"][0]) > -0.9)
+    positive = lambda s: s["v"][0] > 0  # noqa: E731
+    for kw, end in (({}, 40), ({"until": lambda s: s["x"][0] > -0.9}, stop)):
+        for extra in ({}, {"w": jl.Record(positions, every=sched, when=positive)}):
+            rec = {"x": jl.Record(positions, every=sched), "e": jl.Record(energy, every=sched), **extra}
+            runs = [jl.run(osc, STATE, 40, record=rec, chunk=c, progress=False, **kw) for c in (None, 1, 3, 7)]
+            want = sched.steps_between(0, end)
+            for r in runs:
+                assert r.steps_done == end
+                _leaves_equal(r.state, ref[end])
+                _traj_equal(r.trajectory, runs[0].trajectory)
+                np.testing.assert_array_equal(r.trajectory.steps("x"), want)
+                np.testing.assert_array_equal(r.trajectory.steps("e"), want)
+                xs = np.stack([np.asarray(ref[k]["x"]) for k in want]) if len(want) else np.zeros((0, N), np.float32)
+                np.testing.assert_allclose(r.trajectory["x"], xs, rtol=1e-6, atol=1e-6)
+                np.testing.assert_allclose(r.trajectory["e"], [float(energy(ref[k])) for k in want], rtol=1e-5)
+                if extra:
+                    kept = [k for k in want if float(ref[k]["v"][0]) > 0]
+                    np.testing.assert_array_equal(r.trajectory.steps("w"), kept)
+    # a sparse aux record only: the scheduled step records what it returns
+    for c in (None, 1, 7):
+        r = jl.run(with_aux, STATE, 40, record={}, has_aux=True, aux={"ke": sched}, chunk=c, progress=False)
+        want = [k for k in sched.steps_between(1, 40)]
+        np.testing.assert_array_equal(r.trajectory.steps("aux/ke"), want)
+        np.testing.assert_allclose(r.trajectory["aux/ke"], [float(0.5 * jnp.sum(ref[k]["v"] ** 2)) for k in want],
+                                   rtol=1e-5)
+
+
 def test_a_window_schedule_records_nothing_past_its_stop():
     """window(0, 10) holds at every step up to 10: recorded at those steps only, however the run
     is cut into chunks."""
