@@ -22,9 +22,11 @@ How a chunk of work steps ``k0 .. k0+n-1`` (recording steps ``k0+1 .. k0+n``) ru
   written to the next slot with its step, so only kept rows reach the host. Schedules are
   evaluated on the device from the step number (``every``/``at``/``window``; a schedule class the
   program does not know comes as a per-chunk mask computed on the host);
-- with only sparse records, the steps up to the next scheduled state run in an inner loop that
-  only steps (no schedule test or ``cond`` per step, like a nested scan); then the state reached
-  is recorded (views), or the scheduled step runs and records (aux, logs);
+- where the compact lanes are views with device schedules, the loops are nested like a nested
+  scan: the steps up to the next state a compact lane is scheduled at run in an inner loop
+  that writes only the every-step records (no schedule test or ``cond`` per step), then the
+  state reached is recorded; with only sparse aux or log lanes, the steps before the scheduled
+  one run in an inner loop that only steps, then the scheduled step runs and records;
 - a sharded state's fresh set of buffers is made inside the program (``bufs=None``), so it is
   laid out as XLA places the views and nothing moves between devices;
 - the control vector ``(k0, n, flags)`` is one small transfer; ``flags`` asks for the initial
@@ -161,7 +163,9 @@ def layout(lanes: tuple[Lane, ...], capacity: int) -> dict:
     the initial state, and which need host masks, for a capacity of ``capacity`` loop steps."""
     initial = tuple(i for i, ln in enumerate(lanes) if not ln.from_step and ln.schedule.contains(0))
     dense = tuple(i for i, ln in enumerate(lanes) if ln.in_loop_every_step)
-    compact = tuple((i, max(1, ln.schedule.max_in_span(capacity)) + (i in initial))
+    # compact lanes: a slot per scheduled step of a set of buffers (the initial frame's too), and a
+    # spare one, where the nested loop writes a value it does not keep (see ``_put_next``)
+    compact = tuple((i, max(1, ln.schedule.max_in_span(capacity)) + (i in initial) + 1)
                     for i, ln in enumerate(lanes) if i not in dense)
     host = tuple(i for i, _ in compact if device_schedule(lanes[i].schedule) is None)
     return {"dense": dense, "compact": compact, "initial": initial, "host_masks": host, "length": capacity}
@@ -337,11 +341,11 @@ def _put(buf: dict, vals: dict, row: Any) -> dict:
     return {p: lax.dynamic_update_index_in_dim(b, jnp.asarray(vals[p], b.dtype), row, 0) for p, b in buf.items()}
 
 
-def _put_where(ok: Any, buf: dict, steps: Any, count: Any, m: int, vals: dict, k: Any) -> tuple[dict, Any, Any]:
-    """Write ``vals`` (step ``k``) to the next of ``m`` slots where ``ok``; leave them as they are elsewhere."""
-    slot = jnp.minimum(count, m - 1)
-    kept = {p: jnp.where(ok, jnp.asarray(v, buf[p].dtype), buf[p][slot]) for p, v in vals.items()}
-    return _put(buf, kept, slot), steps.at[slot].set(jnp.where(ok, k, steps[slot])), count + ok.astype(jnp.int32)
+def _put_next(ok: Any, buf: dict, steps: Any, count: Any, vals: dict, k: Any) -> tuple[dict, Any, Any]:
+    """Write ``vals`` (step ``k``) to slot ``count`` and keep it where ``ok`` (count it): a value
+    not kept lands in the slot the next kept one overwrites (``layout`` keeps a spare slot), so
+    nothing is selected or copied."""
+    return _put(buf, vals, count), steps.at[count].set(k), count + ok.astype(jnp.int32)
 
 
 def chunk_impl(plan: Plan, state, bufs, key, ctl, fill, masks, stopped):
@@ -430,60 +434,80 @@ def chunk_impl(plan: Plan, state, bufs, key, ctl, fill, masks, stopped):
         return j + 1, st, done, stopped, dense, tuple(new_compact), tuple(new_counts)
 
     nexts = [device_next(lanes[i].schedule) for i, _ in plan.compact]
-    if plan.compact and not plan.dense and not plan.host_masks and all(f is not None for f in nexts):
-        # every record is sparse: the steps up to the next scheduled state run in an inner loop
-        # that only steps (no schedule test, no cond per step, like a nested scan). Which states
-        # are recorded depends on the schedules only, so results are the same for any chunk size.
+    device_schedules = not plan.host_masks and all(f is not None for f in nexts)
+    views_only = not any(lanes[i].from_step for i, _ in plan.compact)
+
+    def next_target(j):
+        """The next state a compact lane is scheduled at (int32 max: none)."""
+        target = jnp.int32(INT32_MAX)
+        for f in nexts:
+            target = jnp.minimum(target, f(k0 + j))
+        return target
+
+    if device_schedules and views_only:
+        # Nested loops, like a nested scan: an inner loop runs the steps up to the next state a
+        # compact lane is scheduled at, writing the every-step records (no schedule test, no cond
+        # per step); then the state reached is recorded by the compact lanes where scheduled. The
+        # step and each view appear once in the program, and which states are recorded depends
+        # on the schedules only, so results are the same for any chunk size. A compact lane whose
+        # schedule is the only one and which has no when= is taken at nearly every state reached
+        # (not at a chunk's end or a stop): its view is evaluated there unconditionally and
+        # written to its next slot, counted where taken (the same view inside a cond ran several
+        # percent slower on XLA:CPU); other lanes keep the cond, so an expensive view is never
+        # evaluated at another lane's steps.
+        eager = {i for i, _ in plan.compact if lanes[i].when is None} \
+            if len({lanes[i].schedule for i, _ in plan.compact}) == 1 else set()
+
+        def inner(c):
+            j, st, done, stopped, dense = c
+            st, aux, logs, done, stopped = advance(j, st, done, stopped)
+            if plan.dense:
+                ys = {}
+                for i in plan.dense:
+                    ys.update(lanes[i].read(st, aux, logs))
+                dense = _put(dense, ys, row0 + j + 1)
+            return j + 1, st, done, stopped, dense
+
+        def body(carry):  # noqa: F811  (the nested loop body)
+            j, st, done, stopped, dense, compact, counts = carry
+            target = next_target(j)  # > k0 + j: at least one step
+            j, st, done, stopped, dense = lax.while_loop(
+                lambda c: (k0 + c[0] < target) & (c[0] < n) & ~jnp.all(c[2]), inner, (j, st, done, stopped, dense))
+            new_compact, new_counts = [], []
+            for (i, m), (buf, steps), count in zip(plan.compact, compact, counts):
+                take = tests[i](k0 + j)
+                if lanes[i].when is not None:
+                    take = take & when_flag(lanes[i], st)
+                if i in eager:
+                    buf, steps, count = _put_next(take & (count < m - 1), buf, steps, count,
+                                                  lanes[i].read(st, None, None), k0 + j)
+                else:
+                    def write(args, i=i, k=k0 + j):
+                        buf, steps, count = args
+                        return _put(buf, lanes[i].read(st, None, None), count), steps.at[count].set(k), count + 1
+
+                    buf, steps, count = lax.cond(take & (count < m), write, lambda a: a, (buf, steps, count))
+                new_compact.append((buf, steps))
+                new_counts.append(count)
+            return j, st, done, stopped, dense, tuple(new_compact), tuple(new_counts)
+    elif device_schedules and plan.compact and not plan.dense:
+        # only sparse records, some of them aux or logs (what the step returns): the steps before
+        # the next scheduled one run in an inner loop that only steps, then the scheduled step runs
+        # and records
+        record_step = body
+
         def plain(c):
             j, st, done, stopped = c
             st, _, _, done, stopped = advance(j, st, done, stopped)
             return j + 1, st, done, stopped
 
-        def until_next(carry, before: int):
-            """Step until ``before`` steps short of the next scheduled state (or the chunk's end, or a stop)."""
+        def body(carry):  # noqa: F811  (the loop body when every record is sparse)
             j, st, done, stopped = carry[:4]
-            target = nexts[0](k0 + j)  # the next scheduled state (int32 max: none)
-            for f in nexts[1:]:
-                target = jnp.minimum(target, f(k0 + j))
-            return lax.while_loop(lambda c: (k0 + c[0] + before < target) & (c[0] < n) & ~jnp.all(c[2]), plain,
-                                  (j, st, done, stopped)) + tuple(carry[4:])
-
-        if any(lanes[i].from_step for i, _ in plan.compact):  # aux or logs: the scheduled step itself records
-            record_step = body
-
-            def body(carry):  # noqa: F811  (the loop body when every record is sparse)
-                carry = until_next(carry, 1)
-                j, done = carry[0], carry[2]
-                return lax.cond((j < n) & ~jnp.all(done), record_step, lambda c: c, carry)
-        else:
-            # views of the state: the state reached is recorded where scheduled, the step appears
-            # once. A lane whose schedule is the only one and which has no when= is taken at nearly
-            # every state reached (not at a chunk's end or a stop): its view is evaluated there
-            # unconditionally and written where taken (the same view inside a cond ran several
-            # percent slower on XLA:CPU); other lanes keep the cond, so an expensive view is never
-            # evaluated at another lane's steps
-            eager = {i for i, _ in plan.compact if lanes[i].when is None} \
-                if len({lanes[i].schedule for i, _ in plan.compact}) == 1 else set()
-
-            def body(carry):  # noqa: F811  (the loop body when every record is a sparse view)
-                j, st, done, stopped, dense, compact, counts = until_next(carry, 0)  # at least one step
-                new_compact, new_counts = [], []
-                for (i, m), (buf, steps), count in zip(plan.compact, compact, counts):
-                    take = tests[i](k0 + j)
-                    if lanes[i].when is not None:
-                        take = take & when_flag(lanes[i], st)
-                    if i in eager:
-                        buf, steps, count = _put_where(take & (count < m), buf, steps, count, m,
-                                                       lanes[i].read(st, None, None), k0 + j)
-                    else:
-                        def write(args, i=i, k=k0 + j):
-                            buf, steps, count = args
-                            return _put(buf, lanes[i].read(st, None, None), count), steps.at[count].set(k), count + 1
-
-                        buf, steps, count = lax.cond(take & (count < m), write, lambda a: a, (buf, steps, count))
-                    new_compact.append((buf, steps))
-                    new_counts.append(count)
-                return j, st, done, stopped, dense, tuple(new_compact), tuple(new_counts)
+            target = next_target(j)
+            j, st, done, stopped = lax.while_loop(
+                lambda c: (k0 + c[0] + 1 < target) & (c[0] < n) & ~jnp.all(c[2]), plain, (j, st, done, stopped))
+            carry = (j, st, done, stopped, *carry[4:])
+            return lax.cond((j < n) & ~jnp.all(done), record_step, lambda c: c, carry)
 
     carry = (jnp.int32(0), state, done, stopped, dense, compact, counts)
     ran, state, done, stopped, dense, compact, counts = lax.while_loop(cond, body, carry)
