@@ -96,8 +96,8 @@ class Fills:
         # a sharded state: a fresh set is made by the program itself (``None``), laid out as XLA
         # places the views, so no buffer ever moves between devices
         self.sharded = sharded
-        self.key = (_layout_key(plan, shapes), placement)
-        self.set_bytes = program.buffer_bytes(plan, shapes)
+        layout_key, self.set_bytes = _layout_of(plan, shapes)
+        self.key = (layout_key, placement)
         self.budget = budget
         self.state_bytes = state_bytes  # device memory each waiting chunk holds (its kept start state)
         self.close_at = close_at  # a schedule: a set ends at these steps (checkpoints follow its frames)
@@ -196,11 +196,22 @@ def _deleted(bufs: dict) -> bool:
     return any(x.is_deleted() for x in jax.tree_util.tree_leaves(bufs))
 
 
-def _layout_key(plan: Plan, shapes: tuple[dict, ...]) -> tuple:
+_LAYOUTS: dict = {}  # plan -> (shapes, layout key, bytes of a set): plans and shapes are cached per kernel
+
+
+def _layout_of(plan: Plan, shapes: tuple[dict, ...]) -> tuple[tuple, int]:
+    """The pool key of ``plan``'s buffer sets (equal for equal layouts) and the bytes of one set."""
+    hit = _LAYOUTS.get(plan)
+    if hit is not None and hit[0] is shapes:
+        return hit[1], hit[2]
     dense = tuple((p, tuple(sd.shape), str(sd.dtype)) for i in plan.dense for p, sd in shapes[i].items())
     compact = tuple((m, tuple((p, tuple(sd.shape), str(sd.dtype)) for p, sd in shapes[i].items()))
                     for i, m in plan.compact)
-    return plan.length, dense, compact
+    key, nbytes = (plan.length, dense, compact), program.buffer_bytes(plan, shapes)
+    if len(_LAYOUTS) >= 64:
+        _LAYOUTS.pop(next(iter(_LAYOUTS)))
+    _LAYOUTS[plan] = (shapes, key, nbytes)
+    return key, nbytes
 
 
 class Reader:

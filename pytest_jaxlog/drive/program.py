@@ -515,17 +515,38 @@ def chunk_impl(plan: Plan, state, bufs, key, ctl, fill, masks, stopped):
             "stopped": stopped}
 
 
+@dataclass(frozen=True)
+class Signature:
+    """What ``jax.jit`` sees of a call's arguments (tree, shapes, dtypes, committed shardings,
+    weak types), taken cheaply at dispatch and kept without the arrays: a Run must not hold its
+    initial state alive, and donated arrays are gone."""
+
+    treedef: Any
+    leaves: tuple
+
+    @classmethod
+    def of(cls, args: Any) -> "Signature":
+        leaves, treedef = jax.tree_util.tree_flatten(args)
+        out = []
+        for x in leaves:
+            if isinstance(x, jax.Array):
+                out.append((x.shape, x.dtype, x.sharding if x.committed else None, bool(getattr(x, "weak_type", False))))
+            else:
+                x = np.asarray(x)
+                out.append((x.shape, x.dtype, None, False))
+        return cls(treedef, tuple(out))
+
+    def abstract(self) -> Any:
+        """The arguments as ``jax.ShapeDtypeStruct``, to lower the program again."""
+        return jax.tree_util.tree_unflatten(self.treedef, [
+            jax.ShapeDtypeStruct(shape, dtype, sharding=sharding, weak_type=weak)
+            for shape, dtype, sharding, weak in self.leaves])
+
+
 def abstract(args: Any) -> Any:
     """Arguments as ``jax.ShapeDtypeStruct`` with their shardings (committed arrays only, as jit
     sees them), to lower the program again after the arrays were donated."""
-
-    def one(x):
-        if isinstance(x, jax.Array):
-            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding if x.committed else None,
-                                        weak_type=bool(getattr(x, "weak_type", False)))
-        x = np.asarray(x)
-        return jax.ShapeDtypeStruct(x.shape, x.dtype)
-    return jax.tree_util.tree_map(one, args)
+    return Signature.of(args).abstract()
 
 
 chunk = jax.jit(chunk_impl, static_argnums=0, donate_argnums=2)

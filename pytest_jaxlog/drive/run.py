@@ -68,7 +68,7 @@ class Run:
     _trajectory: Any = field(default=None, repr=False)
     stop_reason: str = "steps"
     systems_done: np.ndarray | None = None
-    _chunk_program: Any = field(default=None, repr=False)  # (jitted chunk, plan, abstract arguments)
+    _chunk_program: Any = field(default=None, repr=False)  # (jitted chunk, plan, its arguments' program.Signature)
 
     @property
     def trajectory(self) -> Any:
@@ -85,7 +85,7 @@ class Run:
         if self._chunk_program is None:
             return None
         fn, plan, args = self._chunk_program
-        return fn.lower(plan, *args).compile()
+        return fn.lower(plan, *args.abstract()).compile()
 
 
 def auto_chunk(schema: Schema, steps: int | None = None, budget_bytes: int = DEFAULT_BUDGET,
@@ -339,7 +339,7 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
     capacity = _capacity(cfg, schema)
     chunk = max(1, min(capacity if cfg.chunk is None else cfg.chunk, cfg.steps)) if cfg.steps else 1
     lanes = plan.lanes  # the run's lanes: views (those that log wrapped), aux, then the step's logs
-    plan = program.intern(dataclasses.replace(plan, **program.layout(lanes, capacity)))  # one program, any length
+    plan = _laid_out(plan, capacity)  # one program, any length
     n_state = len(jax.tree_util.tree_leaves(state))
     # with invariants, chunk-start states are kept for the post-mortem: no donation
     # with checkpoints, the state at each written step is kept for one (on a stop, too)
@@ -380,7 +380,8 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
     fills = Fills(plan, shapes, device if committed else None, cfg.budget, state_bytes, close_at=cfg.checkpoint,
                   placement=leaves[0].sharding if committed else None, sharded=mesh_rep is not None)
     reader = Reader(plan, shapes, device.platform if device is not None else jax.default_backend(), layout)
-    chunk_program = None  # (jitted chunk, plan, its abstract arguments), for run.compiled_chunk()
+    chunk_program = None  # (jitted chunk, plan, its arguments' Signature), for run.compiled_chunk()
+    program_bufs = False  # whether that chunk was given its buffers (a sharded run's first makes them)
     first_flags = (program.RECORD_INITIAL if start_step == 0 else 0) | (program.CHECK_INITIAL if cfg.until else 0)
     replay_bufs: list = []
 
@@ -495,8 +496,8 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
             t0 = now_ns()
             bufs, fill = fills.next(k0, length, flags)
             args = (plan, cur, bufs, key, np.array([k0, length, flags], np.int32), fill, masks, stopped)
-            if chunk_program is None or (chunk_program[2][1] is None and bufs is not None):
-                chunk_program = (fn, plan, program.abstract(args[1:]))  # the program later chunks run
+            if chunk_program is None or (not program_bufs and bufs is not None):  # the program later chunks run
+                chunk_program, program_bufs = (fn, plan, program.Signature.of(args[1:])), bufs is not None
             compiles_before, t_call = (tracker.count, time.perf_counter()) if n_chunk == 0 else (0, 0.0)
             if win is not None:
                 if open_window is not win:
@@ -649,6 +650,7 @@ def _resume_into(cfg: RunConfig, pipe: Pipeline, schema: Schema, stopped: np.nda
 
 
 _RESOLVED: dict = {}
+_LAID_OUT: dict = {}  # (resolved plan, capacity) -> the plan with its chunk layout, interned
 _AUTO: dict = {}  # (id(schema), budget) -> (schema, auto_chunk)
 _WARM: dict = {}  # (plan, argument signature) of programs that ran in this process
 
@@ -708,6 +710,19 @@ def _resolve(cfg: RunConfig, state) -> tuple[Plan, Schema, tuple]:
             _RESOLVED.pop(next(iter(_RESOLVED)))
         _RESOLVED[ck] = (plan, schema, shapes)
     return plan, schema, shapes
+
+
+def _laid_out(plan: Plan, capacity: int) -> Plan:
+    """``plan`` with the chunk layout for ``capacity``, interned; computed once per resolved plan
+    (a warm short run's host work is tens of microseconds a piece)."""
+    key = (plan, capacity)
+    hit = _LAID_OUT.get(key)
+    if hit is None:
+        hit = program.intern(dataclasses.replace(plan, **program.layout(plan.lanes, capacity)))
+        if len(_LAID_OUT) >= 64:
+            _LAID_OUT.pop(next(iter(_LAID_OUT)))
+        _LAID_OUT[key] = hit
+    return hit
 
 
 def _log_lanes(cfg: RunConfig, state: Any, logged: list[str]) -> tuple[Lane, ...]:
