@@ -394,9 +394,15 @@ def chunk_impl(plan: Plan, state, bufs, key, ctl, fill, masks, stopped):
     tests = {i: device_schedule(lanes[i].schedule) for i, _ in plan.compact}
     mask_of = dict(zip(plan.host_masks, masks))
 
+    def going(j, done, bound):
+        """Whether the loop takes another step: ``j < bound`` and, with ``until=``, some system is
+        not done (without it nothing is ever done: no test, one comparison less to compile)."""
+        if plan.until is None:
+            return j < bound
+        return (j < bound) & ~jnp.all(done)
+
     def cond(carry):
-        j, done = carry[0], carry[2]
-        return (j < n) & ~jnp.all(done)
+        return going(carry[0], carry[2], n)
 
     def advance(j, st, done, stopped):
         """One application of the step from state ``k0 + j`` (``until=``: stop flags, frozen systems)."""
@@ -437,12 +443,14 @@ def chunk_impl(plan: Plan, state, bufs, key, ctl, fill, masks, stopped):
     device_schedules = not plan.host_masks and all(f is not None for f in nexts)
     views_only = not any(lanes[i].from_step for i, _ in plan.compact)
 
-    def next_target(j):
-        """The next state a compact lane is scheduled at (int32 max: none)."""
-        target = jnp.int32(INT32_MAX)
-        for f in nexts:
-            target = jnp.minimum(target, f(k0 + j))
-        return target
+    def next_targets(j):
+        """Per compact lane, the next state it is scheduled at after ``k0 + j`` (int32 max: none),
+        and the loop index of the first of them, or ``n`` (the chunk's end)."""
+        at = [f(k0 + j) for f in nexts]
+        bound = n
+        for t in at:
+            bound = jnp.minimum(bound, t - k0)  # no overflow: k0 >= 0
+        return at, bound
 
     if device_schedules and views_only:
         # Nested loops, like a nested scan: an inner loop runs the steps up to the next state a
@@ -470,12 +478,12 @@ def chunk_impl(plan: Plan, state, bufs, key, ctl, fill, masks, stopped):
 
         def body(carry):  # noqa: F811  (the nested loop body)
             j, st, done, stopped, dense, compact, counts = carry
-            target = next_target(j)  # > k0 + j: at least one step
-            j, st, done, stopped, dense = lax.while_loop(
-                lambda c: (k0 + c[0] < target) & (c[0] < n) & ~jnp.all(c[2]), inner, (j, st, done, stopped, dense))
+            at, bound = next_targets(j)  # bound > j: at least one step
+            j, st, done, stopped, dense = lax.while_loop(lambda c: going(c[0], c[2], bound), inner,
+                                                         (j, st, done, stopped, dense))
             new_compact, new_counts = [], []
-            for (i, m), (buf, steps), count in zip(plan.compact, compact, counts):
-                take = tests[i](k0 + j)
+            for (i, m), (buf, steps), count, target in zip(plan.compact, compact, counts, at):
+                take = k0 + j == target  # the state reached is the one this lane was waiting for
                 if lanes[i].when is not None:
                     take = take & when_flag(lanes[i], st)
                 if i in eager:
@@ -503,11 +511,10 @@ def chunk_impl(plan: Plan, state, bufs, key, ctl, fill, masks, stopped):
 
         def body(carry):  # noqa: F811  (the loop body when every record is sparse)
             j, st, done, stopped = carry[:4]
-            target = next_target(j)
-            j, st, done, stopped = lax.while_loop(
-                lambda c: (k0 + c[0] + 1 < target) & (c[0] < n) & ~jnp.all(c[2]), plain, (j, st, done, stopped))
+            bound = next_targets(j)[1]
+            j, st, done, stopped = lax.while_loop(lambda c: going(c[0] + 1, c[2], bound), plain, (j, st, done, stopped))
             carry = (j, st, done, stopped, *carry[4:])
-            return lax.cond((j < n) & ~jnp.all(done), record_step, lambda c: c, carry)
+            return lax.cond(going(j, done, n), record_step, lambda c: c, carry)
 
     carry = (jnp.int32(0), state, done, stopped, dense, compact, counts)
     ran, state, done, stopped, dense, compact, counts = lax.while_loop(cond, body, carry)
