@@ -87,3 +87,37 @@ def test_contains_and_count_between_agree_with_the_array_answers(schedule):
     assert [schedule.contains(int(k)) for k in steps] == schedule.mask(steps).tolist()
     assert [int(k) in schedule for k in steps] == schedule.mask(steps).tolist()
     assert jl.every(1).count_between(0, 2**31) == 2**31 + 1
+
+
+@pytest.mark.parametrize("schedule", [jl.every(1), jl.every(3), jl.every(5, start=2), jl.window(5, 20, every=2),
+                                      jl.window(0, 10), jl.at(0, 4, 17, 33), jl.every(7, start=2**31 - 30),
+                                      jl.window(2**31 - 40, 2**31 - 5, every=4), jl.every(1, start=2**31 - 3)],
+                         ids=repr)
+def test_device_schedules_agree_with_the_host(schedule):
+    """The chunk program's schedule tests and next-step searches (int32 arithmetic on the device)
+    give the host's answers, at small steps and near the int32 step counter's end."""
+    import jax
+
+    from pytest_jaxlog.drive.program import INT32_MAX, device_next, device_schedule
+
+    ks = np.concatenate([np.arange(0, 120), np.arange(INT32_MAX - 60, INT32_MAX)]).astype(np.int32)
+    contains = np.asarray(jax.jit(jax.vmap(device_schedule(schedule)))(ks))
+    nexts = np.asarray(jax.jit(jax.vmap(device_next(schedule)))(ks))
+    want_contains = np.array([schedule.contains(int(k)) for k in ks])
+    np.testing.assert_array_equal(contains, want_contains)
+    for k, got in zip(ks.tolist(), nexts.tolist()):
+        assert got == _first_after(schedule, k, INT32_MAX), (k, got)
+
+
+def _first_after(schedule, k: int, top: int) -> int:
+    """The first scheduled step in ``k+1 .. top`` (``top`` if none), by bisection on counts."""
+    lo, hi = k + 1, top
+    if lo > hi or schedule.count_between(lo, hi) == 0:
+        return top
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if schedule.count_between(k + 1, mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo

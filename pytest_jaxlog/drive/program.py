@@ -203,7 +203,10 @@ def device_schedule(schedule: Schedule) -> Callable[[Any], Any] | None:
     if prog is not None:
         if prog.start > INT32_MAX:
             return lambda k: jnp.zeros((), bool)
-        return lambda k: (k >= prog.start) & (k <= prog.stop) & ((k - prog.start) % prog.n == 0)
+        if prog.n == 1:
+            return lambda k: (k >= prog.start) & (k <= prog.stop)
+        # lax.rem, not %: no sign fix-up to compile (k - start < 0 is excluded by the first test)
+        return lambda k: (k >= prog.start) & (k <= prog.stop) & (lax.rem(k - prog.start, prog.n) == 0)
     if steps is not None:
         if not len(steps):
             return lambda k: jnp.zeros((), bool)
@@ -226,7 +229,9 @@ def device_next(schedule: Schedule) -> Callable[[Any], Any] | None:
 
         def nxt(k):
             s = jnp.maximum(k + 1, prog.start)
-            s = s + (prog.n - (s - prog.start) % prog.n) % prog.n
+            if prog.n > 1:  # up to the next multiple: lax.rem, as s - start >= 0 (no sign fix-up to compile)
+                r = lax.rem(s - prog.start, prog.n)
+                s = s + jnp.where(r == 0, 0, prog.n - r)
             return jnp.where((s <= prog.stop) & (s >= k + 1), s, INT32_MAX).astype(jnp.int32)
         return nxt
     if steps is not None:
