@@ -130,21 +130,11 @@ def _hlo(compiled) -> str:
 
 # ------------------------------------------------------------------------------------ benchmarks
 def same_chunk_program(state, step_log, step_aux) -> bool:
-    """Whether jl.run compiles the logging step and the has_aux step to the same executable (its
-    chunk program, with the lanes ``jl.run`` builds, compared without source locations)."""
-    import numpy as np
-
-    from pytest_jaxlog.drive import program
-    from pytest_jaxlog.drive.resolve import AUX_SCHEDULE
-
-    texts = []
-    for step, aux in ((step_log, False), (step_aux, True)):
-        lane = (program.Lane("log", AUX_SCHEDULE, log_paths=("log/fmax",)) if not aux
-                else program.Lane("aux", AUX_SCHEDULE, aux_paths=("aux",)))
-        plan = program.Plan(step=step, lanes=(lane,), dense=(0,), slotted=(), kept=(), has_aux=aux, keyed=False,
-                            n_systems=None, until=None, length=1000, collect=not aux)
-        args = (plan, state, None, np.int32(0), np.int32(1000), (), (), np.bool_(False))
-        texts.append(_hlo(program.chunk.lower(*args).compile()))
+    """Whether jl.run compiles the logging step and the has_aux step to the same executable (the
+    chunk programs the two runs dispatched, ``run.compiled_chunk()``, compared without source
+    locations)."""
+    runs = (jl.run(step_log, state, 10, progress=False), jl.run(step_aux, state, 10, has_aux=True, progress=False))
+    texts = [_hlo(r.compiled_chunk()) for r in runs]
     return texts[0] == texts[1]
 
 
