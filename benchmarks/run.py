@@ -254,7 +254,7 @@ def _chunk_program_loop(step, state, record, steps: int):
                 fill = program.empty_fill(plan)
             out = program.chunk(plan, s, bufs[0], None, np.array([k, 1, 0], np.int32), fill, (), stopped)
             s, bufs[0], fill = out["state"], out["bufs"], out["fill"]
-        jax.block_until_ready(s)
+        return jax.block_until_ready(s)
 
     return loop
 

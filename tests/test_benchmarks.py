@@ -1,0 +1,45 @@
+"""The benchmark scripts reach into the driver (a loop of its own chunk program, the programs two
+runs compiled): their helpers run here on small kernels, so a change inside the package that
+breaks them fails the suite instead of the next benchmark run."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+
+import pytest_jaxlog as jl
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(f"jaxlog_benchmark_{name}", ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)  # argparse runs only under __main__
+    return module
+
+
+def test_the_chunk_program_loop_dispatches_the_runs_own_program():
+    """benchmarks/run.py's per-chunk dispatch reference: jl.run's chunk program, one step at a
+    time, reaches the state a run of as many steps reaches, bit for bit (one program, any chunk)."""
+    bench = _script("run")
+    step, state, energy, positions = bench.oscillators(16)
+    record, _ = bench.standard(energy, positions)
+    got = bench._chunk_program_loop(step, state, record, 5)()
+    run = jl.run(step, state, 5, record=record, progress=False)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(run.state)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert not np.array_equal(np.asarray(run.state.x), np.asarray(state.x))  # it stepped
+
+
+def test_the_log_benchmark_compares_the_programs_two_runs_compiled():
+    """benchmarks/log.py: a step that logs its largest force and one returning it as aux compile
+    to the same chunk program (the README's "identical chunk executable")."""
+    bench = _script("log")
+    state, step_log, step_aux, _, _ = bench.lj_steps(n_side=2)
+    assert bench.same_chunk_program(state, step_log, step_aux) is True
