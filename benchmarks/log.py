@@ -37,12 +37,14 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # references.py
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
 import pytest_jaxlog as jl  # noqa: E402
+from references import scan_with_records  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------- kernels
@@ -191,17 +193,7 @@ def lox_workload(kernel: str, steps: int, repeats: int, tmp: Path):
 
     spooled = jl.spool(logged)
 
-    @jax.jit
-    def bare(s):  # the limit: the same values threaded out by hand
-        def inner(c, _):
-            c = step(c)
-            return c, energies(c)
-
-        def outer(c, _):
-            c, e = lax.scan(inner, c, None, length=10)
-            return c, (e, positions(c))
-
-        return lax.scan(outer, s, None, length=steps // 10)
+    bare = scan_with_records(step, energies, positions, steps)  # the limit: the same values threaded out by hand
 
     from pytest_jaxlog.drive.log import collect
 

@@ -45,12 +45,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # references.py
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
 import pytest_jaxlog as jl  # noqa: E402
+from references import bare_scan, scan_with_records  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------- kernels
@@ -98,21 +100,8 @@ def make_variants(name: str, steps: int, tmp: Path, callbacks: bool):
     invs = invariants(rtol)
     jstep = jax.jit(step)
 
-    @jax.jit
-    def scan_limit(s):
-        return lax.scan(lambda c, _: (step(c), None), s, None, length=steps)[0]
-
-    @jax.jit
-    def scan_records(s):
-        def inner(c, _):
-            c = step(c)
-            return c, energy(c)
-
-        def outer(c, _):
-            c, e = lax.scan(inner, c, None, length=10)
-            return c, (e, positions(c))
-
-        return lax.scan(outer, s, None, length=steps // 10)
+    scan_limit = bare_scan(step, steps)
+    scan_records = scan_with_records(step, energy, positions, steps)
 
     def limit():
         jax.block_until_ready(scan_limit(state))

@@ -53,6 +53,7 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # references.py
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -60,6 +61,7 @@ import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
 import pytest_jaxlog as jl  # noqa: E402
+from references import bare_scan, scan_with_records  # noqa: E402
 
 README = ROOT / "README.md"
 BEGIN, END = "<!-- benchmarks:begin -->", "<!-- benchmarks:end -->"
@@ -154,34 +156,6 @@ def standard(energy, positions):
     record = {"energy": energy, "positions": jl.Record(positions, every=10)}
     invariants = (jl.finite("energy", "positions"), jl.conserved("energy/total", rtol=1e-2))
     return record, invariants
-
-
-def scan_with_records(step, energy, positions, steps: int, every: int = 10):
-    """The limit: one jitted scan computing the same records (energies every step, positions
-    every ``every`` steps, and both on the initial state), kept on the device."""
-
-    @jax.jit
-    def run(s):
-        def inner(c, _):
-            c = step(c)
-            return c, energy(c)
-
-        def outer(c, _):
-            c, e = lax.scan(inner, c, None, length=every)
-            return c, (e, positions(c))
-
-        first = (energy(s), positions(s))
-        return first, lax.scan(outer, s, None, length=steps // every)
-
-    return run
-
-
-def bare_scan(step, steps: int):
-    @jax.jit
-    def run(s):
-        return lax.scan(lambda c, _: (step(c), None), s, None, length=steps)[0]
-
-    return run
 
 
 class Files:
@@ -297,7 +271,7 @@ def section_fixed(args, rows: list[Row], files: Files) -> None:
     step, state, energy, positions = oscillators(1024)
     record, invs = standard(energy, positions)
     for steps, target in ((1_000, 1.5), (10_000, None)):
-        ref = scan_with_records(step, energy, positions, steps)
+        ref = scan_with_records(step, energy, positions, steps, initial=True)
         times = interleaved({
             "scan + records": lambda ref=ref: jax.block_until_ready(ref(state)),
             "jl.run": lambda steps=steps: jl.run(step, state, steps, record=record, invariants=invs,
@@ -356,7 +330,7 @@ def compile_child(which: str) -> None:
         record, invs = standard(energy, positions)
         steps = 1_000
         if which == "scan":
-            fn = scan_with_records(step, energy, positions, steps)
+            fn = scan_with_records(step, energy, positions, steps, initial=True)
             first = timed(lambda: jax.block_until_ready(fn(state)))
             warm = timed(lambda: jax.block_until_ready(fn(state)))
             other = None
@@ -397,7 +371,7 @@ def section_long(args, rows: list[Row], files: Files) -> None:
     for name, make, steps, target in cases:
         step, state, energy, positions = make()
         record, invs = standard(energy, positions)
-        ref = scan_with_records(step, energy, positions, steps)
+        ref = scan_with_records(step, energy, positions, steps, initial=True)
         times = interleaved({
             "scan + records": lambda ref=ref, state=state: jax.block_until_ready(ref(state)),
             "jl.run": lambda step=step, state=state, record=record, invs=invs, steps=steps: jl.run(
@@ -419,7 +393,7 @@ def section_accelerator(args, rows: list[Row], files: Files) -> None:
         n = len(jax.tree_util.tree_leaves(state)[0])
         label = f"LJ, {n:,} atoms" if name == "lj" else f"{n:,} oscillators"
         bare = bare_scan(step, steps)
-        ref = scan_with_records(step, energy, positions, steps)
+        ref = scan_with_records(step, energy, positions, steps, initial=True)
         windows = [Path(tempfile.mkdtemp(dir=files.tmp))]
 
         def profiled():

@@ -42,14 +42,15 @@ os.environ["XLA_FLAGS"] = " ".join([*_flags, "--xla_force_host_platform_device_c
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # references.py
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from jax import lax  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import pytest_jaxlog as jl  # noqa: E402
+from references import scan_with_records  # noqa: E402
 
 TARGET = 1.10
 
@@ -76,20 +77,10 @@ def variants(name: str, steps: int, tmp: Path) -> dict:
     step, state, energy, positions, rtol = kernel(name)
     record = {"energy": energy, "positions": jl.Record(positions, every=10)}
 
-    @jax.jit
-    def bare_scan(s):
-        def inner(c, _):
-            c = step(c)
-            return c, energy(c)
-
-        def outer(c, _):
-            c, e = lax.scan(inner, c, None, length=10)
-            return c, (e, positions(c))
-
-        return lax.scan(outer, s, None, length=steps // 10)
+    scan = scan_with_records(step, energy, positions, steps)
 
     def bare():
-        jax.block_until_ready(bare_scan(state))
+        jax.block_until_ready(scan(state))
 
     def run():
         r = jl.run(step, state, steps, record=record, progress=False)

@@ -1,0 +1,44 @@
+"""The references pytest-jaxlog is measured against, shared by the benchmark scripts: what a
+user would write by hand to get the same records without it."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+from jax import lax
+
+
+def scan_with_records(step: Callable, energy: Callable, positions: Callable, steps: int, every: int = 10,
+                      initial: bool = False) -> Callable[[Any], Any]:
+    """The limit: one jitted nested ``lax.scan`` computing the same records (``energy`` every
+    step, ``positions`` every ``every`` steps; with ``initial``, both on the initial state too),
+    kept on the device. The structure ``jl.spool`` of a kernel logging in the same places
+    compiles to (``benchmarks/log.py`` checks it)."""
+
+    @jax.jit
+    def run(s):
+        def inner(c, _):
+            c = step(c)
+            return c, energy(c)
+
+        def outer(c, _):
+            c, e = lax.scan(inner, c, None, length=every)
+            return c, (e, positions(c))
+
+        if initial:
+            first = (energy(s), positions(s))
+            return first, lax.scan(outer, s, None, length=steps // every)
+        return lax.scan(outer, s, None, length=steps // every)
+
+    return run
+
+
+def bare_scan(step: Callable, steps: int) -> Callable[[Any], Any]:
+    """The bare kernel: one jitted ``lax.scan`` of the step, recording nothing."""
+
+    @jax.jit
+    def run(s):
+        return lax.scan(lambda c, _: (step(c), None), s, None, length=steps)[0]
+
+    return run
