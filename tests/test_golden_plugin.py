@@ -8,15 +8,9 @@ import os
 import pytest
 
 import pytest_jaxlog as jl
+from plugin_helpers import no_jaxlog_env  # noqa: F401  (no_jaxlog_env: an autouse fixture)
 
 pytest_plugins = ["pytester"]
-
-
-@pytest.fixture(autouse=True)
-def _no_jaxlog_env(monkeypatch):
-    """The inner sessions see the plugin's defaults, whatever JAXLOG_* the outer one has (CI sets JAXLOG_KEEP)."""
-    for name in [k for k in os.environ if k.startswith("JAXLOG_")]:
-        monkeypatch.delenv(name)
 
 # Import what the inline pytester runs use before they start: pytester drops modules first imported
 # during a run, and jaxlib/h5py cannot be imported a second time in one process.
@@ -42,7 +36,6 @@ def test_other(jaxlog):
     run = jaxlog.run(step, (jnp.int32(100), jnp.ones(2)), 10, record={{"x": lambda s: s[1]}})
     jaxlog.check_golden(run, name="ones")
 """
-
 
 def test_golden_workflow(pytester):
     pytester.makepyfile(test_k=KERNEL.format(kick=-1))
@@ -85,7 +78,6 @@ def test_golden_workflow(pytester):
     result.assert_outcomes(passed=2)
     assert all(p.stat().st_mtime_ns != before[p] for p in goldens)
 
-
 def test_golden_dir_ini(pytester):
     pytester.makeini("[pytest]\njaxlog_golden_dir = data/goldens\n")
     pytester.makepyfile(test_k=KERNEL.format(kick=-1), test_twice=KERNEL.format(kick=-1) + """
@@ -114,7 +106,6 @@ def test_two_runs_one_golden(jaxlog):
     result.stdout.fnmatch_lines(["*JaxlogError: *check_golden(name=None): this test already checked golden "
                                  "data/goldens/test_twice.test_two_runs_one_golden.h5; give each checked run its own name=*"])
 
-
 def test_create_missing_goldens(pytester):
     """Opt-in: a missing golden is written and the test passes with a warning naming the file; an existing
     golden is still compared (a changed kernel fails); on from the option or the ini key."""
@@ -138,7 +129,6 @@ def test_create_missing_goldens(pytester):
     result.stdout.fnmatch_lines(["*trajectories differ: record * first differs at step 31*"])
     assert "created" not in result.stdout.str().split("short test summary")[0].split("- jaxlog -")[-1]
     assert (golden_dir / "test_k.test_decay.h5").stat().st_mtime_ns == before
-
 
 def test_missing_golden_names_the_file_found_under_another_rootdir(pytester, monkeypatch):
     """Goldens made with rootdir = the project, checked with rootdir = tests/ (no ini file, pytest started in
@@ -176,7 +166,6 @@ def test_missing_golden_names_the_file_found_under_another_rootdir(pytester, mon
         f"{pytester.path} here, it was made with rootdir {tests}",
     ])
 
-
 NAMES = """
 import jax.numpy as jnp
 import pytest
@@ -200,7 +189,6 @@ def test_long(jaxlog):
     other = jaxlog.run(step, jnp.ones(2), 3, record={"x": lambda x: x}, name="r" * 299 + "s")
     jaxlog.check_golden(other, name="n" * 299 + "m")  # differs only past the shortened part
 """
-
 
 def test_golden_names_unique_per_test_and_name_and_short(pytester):
     pytester.makepyfile(test_n=NAMES)

@@ -14,14 +14,11 @@ import pytest
 import pytest_jaxlog.golden  # noqa: F401  (numpy: imported before pytester's in-process runs snapshot sys.modules)
 from pytest_jaxlog.harness.options import OPTIONS
 
+from plugin_helpers import no_jaxlog_env  # noqa: F401  (no_jaxlog_env: an autouse fixture)
+
 pytest_plugins = ["pytester"]
 
 
-@pytest.fixture(autouse=True)
-def _no_jaxlog_env(monkeypatch):
-    """The inner sessions see the plugin's defaults, whatever JAXLOG_* the outer one has (CI sets JAXLOG_KEEP)."""
-    for name in [k for k in os.environ if k.startswith("JAXLOG_")]:
-        monkeypatch.delenv(name)
 
 WRITE_FILE = """
 import pytest

@@ -17,14 +17,12 @@ import pytest_jaxlog as jl
 for _name in jl.__all__:  # every jaxlog module loaded now, so classes stay the same objects across inline runs
     getattr(jl, _name)
 
+from plugin_helpers import KERNEL as BASE, no_jaxlog_env  # noqa: F401  (no_jaxlog_env: an autouse fixture)
+
 pytest_plugins = ["pytester"]
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def _no_jaxlog_env(monkeypatch):
-    for name in [k for k in os.environ if k.startswith("JAXLOG_")]:
-        monkeypatch.delenv(name)
 
 
 FILES = """
@@ -110,23 +108,7 @@ def test_bad_environment_values_name_the_variable(pytester, monkeypatch, name, v
     pytester.runpytest(f"{flag}={good[name]}" if name in good else flag).assert_outcomes(passed=1)
 
 
-KERNEL = """
-import jax.numpy as jnp
-import pytest_jaxlog as jl
-
-def rotate(s):
-    x, v = s
-    return (x + 0.01 * v, v - 0.01 * (x + 0.01 * v))
-
-def explode(s):
-    return (s[0] * 1.5, s[1])
-
-def energy(s):
-    x, v = s
-    return 0.5 * jnp.sum(x * x + v * v)
-
-STATE = (jnp.linspace(0.0, 1.0, 8), jnp.zeros(8))
-
+KERNEL = BASE + """
 def test_profiled_and_chunked(jaxlog):
     run = jaxlog.run(rotate, STATE, 12, record={"energy": energy})
     assert len(run.timings.window) == 3 and sorted(jl.load_trace(jaxlog.artifacts["jax_trace"]).steps()) == [2, 3, 4]

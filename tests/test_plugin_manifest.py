@@ -17,13 +17,11 @@ import pytest_jaxlog as jl
 for _name in jl.__all__:  # every jaxlog module loaded now, so classes stay the same objects across inline runs
     getattr(jl, _name)
 
+from plugin_helpers import KERNEL, no_jaxlog_env  # noqa: F401  (no_jaxlog_env: an autouse fixture)
+
 pytest_plugins = ["pytester"]
 
 
-@pytest.fixture(autouse=True)
-def _no_jaxlog_env(monkeypatch):
-    for name in [k for k in os.environ if k.startswith("JAXLOG_")]:
-        monkeypatch.delenv(name)
 
 
 def _manifest(base: Path) -> tuple[dict, dict]:
@@ -31,24 +29,7 @@ def _manifest(base: Path) -> tuple[dict, dict]:
     return doc, {t["nodeid"].split("::", 1)[1]: t for t in doc["tests"]}
 
 
-SUITE = """
-import jax.numpy as jnp
-import pytest
-import pytest_jaxlog as jl
-
-def rotate(s):
-    x, v = s
-    return (x + 0.01 * v, v - 0.01 * (x + 0.01 * v))
-
-def explode(s):
-    return (s[0] * 1.5, s[1])
-
-def energy(s):
-    x, v = s
-    return 0.5 * jnp.sum(x * x + v * v)
-
-STATE = (jnp.linspace(0.0, 1.0, 8), jnp.zeros(8))
-
+SUITE = KERNEL + """
 def test_violation(jaxlog):
     jaxlog.run(explode, STATE, 10, record={"energy": energy}, invariants=[jl.conserved("energy", rtol=0.1)])
 

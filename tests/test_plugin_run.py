@@ -20,33 +20,12 @@ import pytest_jaxlog as jl
 for _name in jl.__all__:
     getattr(jl, _name)
 
+from plugin_helpers import KERNEL, no_jaxlog_env  # noqa: F401  (no_jaxlog_env: an autouse fixture)
+
 pytest_plugins = ["pytester"]
 
 
-@pytest.fixture(autouse=True)
-def _no_jaxlog_env(monkeypatch):
-    """The inner sessions see the plugin's defaults, whatever JAXLOG_* the outer one has (CI sets JAXLOG_KEEP)."""
-    for name in [k for k in os.environ if k.startswith("JAXLOG_")]:
-        monkeypatch.delenv(name)
 
-KERNEL = """
-import jax.numpy as jnp
-import pytest
-import pytest_jaxlog as jl
-
-def rotate(s):
-    x, v = s
-    return (x + 0.01 * v, v - 0.01 * (x + 0.01 * v))
-
-def explode(s):
-    return (s[0] * 1.5, s[1])
-
-def energy(s):
-    x, v = s
-    return 0.5 * jnp.sum(x * x + v * v)
-
-STATE = (jnp.linspace(0.0, 1.0, 8), jnp.zeros(8))
-"""
 
 SUITE = KERNEL + """
 def test_runs(jaxlog):
