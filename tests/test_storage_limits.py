@@ -256,18 +256,25 @@ STALL_CHILD = """
 """
 
 
-def test_ctrl_c_with_a_hung_disk_does_not_hang_close(tmp_path):
-    path = tmp_path / "t.h5"
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(STALL_CHILD), str(path), "2.0"],
+def _stalled_child(path, stall_s: str, ctrl_c: bool = False) -> list[str]:
+    """STALL_CHILD's lines once it exits (rc 0); ``ctrl_c``: SIGINT while write() waits behind
+    the hung writer."""
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(STALL_CHILD), str(path), stall_s],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     try:
         assert proc.stdout.readline() == "stalled\n", proc.stderr.read()
-        proc.send_signal(signal.SIGINT)  # Ctrl-C while write() waits behind the hung writer
+        if ctrl_c:
+            proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=GUARD_S)  # was: close() waited in queue.put forever
     finally:
         proc.kill()
     assert proc.returncode == 0, err[-2000:]
-    lines = out.splitlines()
+    return out.splitlines()
+
+
+def test_ctrl_c_with_a_hung_disk_does_not_hang_close(tmp_path):
+    path = tmp_path / "t.h5"
+    lines = _stalled_child(path, "2.0", ctrl_c=True)
     assert lines[0] == "interrupted" and lines[1].startswith("close: [jaxlog] closing ")
     assert "has written nothing for 2 s" in lines[1] and "stall_timeout_s" in lines[1] and "t.h5" in lines[1]
     traj = jl.load(path)  # what was flushed before the hang
@@ -277,15 +284,7 @@ def test_ctrl_c_with_a_hung_disk_does_not_hang_close(tmp_path):
 
 def test_write_with_a_hung_disk_raises_instead_of_blocking_forever(tmp_path):
     path = tmp_path / "t.h5"
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(STALL_CHILD), str(path), "1.0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-    try:
-        assert proc.stdout.readline() == "stalled\n", proc.stderr.read()
-        out, err = proc.communicate(timeout=GUARD_S)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, err[-2000:]
-    lines = out.splitlines()
+    lines = _stalled_child(path, "1.0")
     assert lines[0].startswith("write: [jaxlog] writing ") and "has written nothing for 1 s" in lines[0]
     assert lines[1].startswith("close: [jaxlog] closing ") and "for over 1 s" in lines[1]  # not waited again
     assert jl.load(path).status == "running"

@@ -56,21 +56,16 @@ class ByteQueue:
         (returns -1) if the writer thread is dead; ``check`` may raise a pending writer error."""
         t0 = None
         with self._cond:
-            mark, since = self.ticks, None
+            progress = None
             while not force and self._bytes and self._bytes + item.nbytes > self.budget:
                 if t0 is None:
                     t0 = time.monotonic()
-                    since = t0
+                    progress = (self.ticks, t0)
                 if check is not None:
                     check()
                 if not alive():
                     return -1.0
-                self._cond.wait(_POLL_S)
-                now = time.monotonic()
-                if self.ticks != mark:
-                    mark, since = self.ticks, now
-                elif now - since > self.stall_s:
-                    raise Stalled(now - since)
+                progress = self._wait_watching(progress)
             self._items.append(item)
             self._bytes += item.nbytes
             self.max_bytes = max(self.max_bytes, self._bytes)
@@ -101,14 +96,21 @@ class ByteQueue:
         """Wait until ``predicate()`` (True) or the writer thread is dead (False); ``Stalled`` when
         it finishes nothing for ``stall_s`` meanwhile."""
         with self._cond:
-            mark, since = self.ticks, time.monotonic()
+            progress = (self.ticks, time.monotonic())
             while not predicate():
                 if not alive():
                     return predicate()
-                self._cond.wait(_POLL_S)
-                now = time.monotonic()
-                if self.ticks != mark:
-                    mark, since = self.ticks, now
-                elif now - since > self.stall_s:
-                    raise Stalled(now - since)
+                progress = self._wait_watching(progress)
             return True
+
+    def _wait_watching(self, progress: tuple[int, float]) -> tuple[int, float]:
+        """One poll's wait (the condition held); ``progress`` is ``(ticks, since when)`` of the
+        writer's last progress: updated, or ``Stalled`` when there was none for ``stall_s``."""
+        mark, since = progress
+        self._cond.wait(_POLL_S)
+        now = time.monotonic()
+        if self.ticks != mark:
+            return self.ticks, now
+        if now - since > self.stall_s:
+            raise Stalled(now - since)
+        return mark, since
