@@ -465,8 +465,8 @@ def chunk_impl(plan: Plan, state, bufs, key, ctl, fill, masks, stopped):
         # on the schedules only, so results are the same for any chunk size. A compact lane whose
         # schedule is the only one and which has no when= is taken at nearly every state reached
         # (not at a chunk's end or a stop): its view is evaluated there unconditionally and
-        # written to its next slot, counted where taken (the same view inside a cond ran several
-        # percent slower on XLA:CPU); other lanes keep the cond, so an expensive view is never
+        # written to its next slot, counted where taken (inside a cond, the sparse benchmark's
+        # view ran slower on XLA:CPU); other lanes keep the cond, so an expensive view is never
         # evaluated at another lane's steps.
         eager = {i for i, _ in plan.compact if lanes[i].when is None} \
             if len({lanes[i].schedule for i, _ in plan.compact}) == 1 else set()
