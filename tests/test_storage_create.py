@@ -154,11 +154,18 @@ KILL_CHILD = """
         import threading
         threading.Thread.start = die
     schema = Schema(tuple(LeafSpec(f"r{i}", f"r{i}", (4,), np.dtype("float32"), every(1)) for i in range(6)))
+    if point == "copy":  # a file of this layout made before; the next one dies while its template is copied
+        import tempfile
+        warm = jl.HDF5Writer(os.path.join(tempfile.mkdtemp(), "warm.h5"))
+        warm.open(schema, {"provenance": {}})
+        warm.close("complete", steps_done=0)
+        from pytest_jaxlog.store import hdf5
+        hdf5._write_all = lambda fd, data: (os.pwrite(fd, data[:len(data) // 2], 0), die())  # half copied
     jl.HDF5Writer(path).open(schema, {"provenance": {"mark": 9}})
 """
 
 
-@pytest.mark.parametrize("point", ["file", "layout", "rename", "after"])
+@pytest.mark.parametrize("point", ["file", "layout", "copy", "rename", "after"])
 def test_sigkill_during_creation_keeps_the_previous_trajectory(tmp_path, point):
     path = tmp_path / "t.h5"
     write_file(path, 5.0)

@@ -155,6 +155,64 @@ def test_h5md_layout_with_plain_h5py(tmp_path):
             assert key in prov, key
 
 
+def _layout(path) -> dict:
+    """Every object of a file with its kind, shape, storage and attributes (the run's own
+    attributes left out), and which names are hard links to one object."""
+    out, objects = {}, {}
+    with h5py.File(path, "r") as f:
+        def visit(name, link):  # every link: a hard-linked object once per name
+            obj = f[name]
+            attrs = {k: np.asarray(v).tolist() for k, v in obj.attrs.items()
+                     if k not in ("provenance", "meta", "json_crc32", "status", "steps_done")}
+            if isinstance(obj, h5py.Dataset):
+                out[name] = ("dataset", obj.shape, obj.maxshape, str(obj.dtype), obj.chunks, obj.compression,
+                             obj.fletcher32, obj.shuffle, attrs)
+            else:
+                out[name] = ("group", attrs)
+            objects.setdefault(h5py.h5o.get_info(obj.id).addr, []).append(name)
+
+        f.visititems_links(visit)
+        out["/"] = ("root", dict(f.attrs))
+    return {"objects": out, "shared": sorted(names for names in objects.values() if len(names) > 1)}
+
+
+def test_a_layout_made_again_is_copied_from_its_template_and_reads_back_the_same(tmp_path, monkeypatch):
+    """The second file of a layout starts from the bytes of the first one's layout: the same
+    objects, storage, links and attributes, its own provenance and meta, its own frames; a run
+    of another length (other chunk rows) or other options is a layout of its own."""
+    schema = simple_schema(shape=(4, 3), dt=0.25, extra=(LeafSpec("state/v", "state", (4, 3), np.dtype(np.float32),
+                                                                  every(1)),))
+    made = []
+    create = h5py.Group.create_dataset
+    monkeypatch.setattr(h5py.Group, "create_dataset", lambda self, *a, **k: made.append(a) or create(self, *a, **k))
+
+    def write(name, steps, **kw):
+        w = HDF5Writer(tmp_path / name, author="Ada", particles={"atoms": {"position": "state/x"}}, **kw)
+        w.open(schema, {"provenance": {"mark": name}, "run": {"steps": steps}})
+        w.write(frames_for(schema, 0, steps, seed=len(name) + steps))
+        w.close("complete", steps_done=steps)
+        n, made[:] = len(made), []
+        return n
+
+    assert write("a.h5", 9) == 7  # energy and state/x: value, step, time; state/v: value (its step and time: links)
+    assert write("b.h5", 9) == 0  # copied: nothing made
+    assert _layout(tmp_path / "b.h5") == _layout(tmp_path / "a.h5")
+    assert ["observables/state/v/step", "observables/state/x/step"] in _layout(tmp_path / "b.h5")["shared"]
+    for name in ("a.h5", "b.h5"):
+        traj = load(tmp_path / name)  # the checksum over provenance and meta holds
+        assert traj.provenance == {"mark": name} and traj.meta["run"] == {"steps": 9}
+        assert traj.status == "complete" and traj.steps_done == 9
+        expected = frames_for(schema, 0, 9, seed=len(name) + 9)
+        for leaf in schema.leaves:
+            assert_bitwise(traj[leaf.path], expected.values[leaf.path])
+            np.testing.assert_array_equal(traj.time(leaf.path), np.arange(10) * 0.25)
+        with h5py.File(tmp_path / name, "r") as f:
+            assert f["particles/atoms/position/value"].shape == (10, 4, 3)
+    assert write("c.h5", 40_000) == 7  # another length: chunks sized for it
+    assert _layout(tmp_path / "c.h5") != _layout(tmp_path / "a.h5")
+    assert write("d.h5", 9, compression="gzip") == 7
+
+
 def test_pyh5md_reads_our_file(tmp_path):
     pyh5md = pytest.importorskip("pyh5md")
     schema = simple_schema(shape=(2, 3), dt=0.5)

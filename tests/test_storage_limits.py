@@ -44,6 +44,10 @@ FSIZE_CHILD = """
     path, limit, batch, compression = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     schema = Schema((LeafSpec("e", "e", (), np.dtype("float64"), every(1)),
                      LeafSpec("x", "x", (2048,), np.dtype("float64"), every(1))), dt=0.1)  # 16 KiB a step
+    if len(sys.argv) > 5:  # a file of this layout made before: the next one is copied from its template
+        warm = jl.HDF5Writer(sys.argv[5], compression=None if compression == "none" else compression)
+        warm.open(schema, {"provenance": {}})
+        warm.close("complete", steps_done=0)
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
     w = jl.HDF5Writer(path, flush_every_s=0.0, compression=None if compression == "none" else compression)
     try:
@@ -98,14 +102,16 @@ def test_file_size_limit_is_an_error_and_leaves_a_valid_failed_file(tmp_path, li
     assert n > 0
 
 
-def test_file_size_limit_at_creation_leaves_the_previous_file(tmp_path):
+@pytest.mark.parametrize("template", [False, True], ids=["made", "copied"])
+def test_file_size_limit_at_creation_leaves_the_previous_file(tmp_path, tmp_path_factory, template):
     path = tmp_path / "t.h5"
     w = HDF5Writer(path)
     w.open(simple_schema(), {})
     w.write(frames_for(simple_schema(), 0, 4))
     w.close("complete", steps_done=4)
     before = path.read_bytes()
-    r = run_child(FSIZE_CHILD, path, 20_000, 1, "none")  # not even the layout fits
+    warm = [tmp_path_factory.mktemp("warm") / "w.h5"] if template else []
+    r = run_child(FSIZE_CHILD, path, 20_000, 1, "none", *warm)  # not even the layout fits
     assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
     out = json.loads(r.stdout)
     assert out["handed"] is None and "no room to write the file's layout" in out["error"], out

@@ -785,6 +785,24 @@ def collect(fn: Callable, *, capacity: int | None = None) -> Callable:
     return collected
 
 
+def collected_shapes(fn: Callable, *args: Any, capacity: int | None = None) -> tuple[Any, dict]:
+    """``jax.eval_shape(collect(fn, capacity=capacity), *args)``, tracing ``fn`` once: a step
+    that logs nothing takes its shapes from the traced program itself. Evaluating the program
+    again under ``eval_shape`` costs several times the trace (tens of milliseconds of every
+    first ``jl.run``), and tracing the step is the part of resolving a run that scales with
+    the kernel."""
+    closed, out_tree, dynamic = _trace(fn, args, {})
+    if not _jaxpr_has_logs(closed.jaxpr):
+        outs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in closed.out_avals]
+        return jax.tree_util.tree_unflatten(out_tree, outs), {}
+
+    def run(*dyn: Any) -> tuple[Any, dict]:
+        outs, entries = _Interpreter(capacity=capacity).eval(closed.jaxpr, closed.consts, dyn)
+        return jax.tree_util.tree_unflatten(out_tree, outs), _finish(entries)
+
+    return jax.eval_shape(run, *dynamic)
+
+
 def _tapped(fn: Callable, callback: Callable) -> Callable:
     def tapped(*args: Any, **kwargs: Any) -> Any:
         closed, out_tree, dynamic = _trace(fn, args, kwargs)

@@ -55,7 +55,7 @@ from jax import lax
 from ..errors import JaxlogError
 from ..record.records import AUX, LOG
 from ..record.schedule import At, Every, Schedule, Window
-from .log import collect
+from .log import collect, collected_shapes
 from .resolve import view_values, flatten_view
 
 INT32_MAX = 2**31 - 1
@@ -267,6 +267,13 @@ def apply_logged(plan: Plan, key: Any, k: Any, state: Any) -> tuple[Any, Any, di
     return state, aux, logs
 
 
+def logged_shapes(plan: Plan, key: Any, k: Any, state: Any) -> tuple[Any, Any, dict]:
+    """``jax.eval_shape`` of :func:`apply_logged` through the collector, the step traced once."""
+    (state, aux), logs = collected_shapes(lambda key, k, st: _call_step(plan, key, k, st), key, k, state,
+                                          capacity=plan.log_capacity)
+    return state, aux, logs
+
+
 def _call_step(plan: Plan, key: Any, k: Any, state: Any) -> tuple[Any, Any]:
     if plan.keyed:
         kk = jax.random.fold_in(key, k)
@@ -346,11 +353,17 @@ def _put(buf: dict, vals: dict, row: Any) -> dict:
     return {p: lax.dynamic_update_index_in_dim(b, jnp.asarray(vals[p], b.dtype), row, 0) for p, b in buf.items()}
 
 
+def _put_step(steps: Any, k: Any, slot: Any) -> Any:
+    """A compact lane's step number into ``slot``, as ``_put`` writes its values there: a dynamic
+    update, not a scatter (``.at[].set``), which XLA:CPU compiles into a loop of its own."""
+    return lax.dynamic_update_index_in_dim(steps, jnp.asarray(k, steps.dtype), slot, 0)
+
+
 def _put_next(ok: Any, buf: dict, steps: Any, count: Any, vals: dict, k: Any) -> tuple[dict, Any, Any]:
     """Write ``vals`` (step ``k``) to slot ``count`` and keep it where ``ok`` (count it): a value
     not kept lands in the slot the next kept one overwrites (``layout`` keeps a spare slot), so
     nothing is selected or copied."""
-    return _put(buf, vals, count), steps.at[count].set(k), count + ok.astype(jnp.int32)
+    return _put(buf, vals, count), _put_step(steps, k, count), count + ok.astype(jnp.int32)
 
 
 def chunk_impl(plan: Plan, state, bufs, key, ctl, fill, masks, stopped):
@@ -380,7 +393,7 @@ def chunk_impl(plan: Plan, state, bufs, key, ctl, fill, masks, stopped):
                     c = slot_of[i]
                     take = jnp.ones((), bool) if lanes[i].when is None else when_flag(lanes[i], state)
                     buf, steps = compact[c]
-                    compact[c] = (_put(buf, vals, counts[c]), steps.at[counts[c]].set(k0))
+                    compact[c] = (_put(buf, vals, counts[c]), _put_step(steps, k0, counts[c]))
                     counts[c] = counts[c] + take.astype(jnp.int32)
                 else:
                     dense = {**dense, **_put({p: dense[p] for p in vals}, vals, row0)}
@@ -437,7 +450,7 @@ def chunk_impl(plan: Plan, state, bufs, key, ctl, fill, masks, stopped):
 
             def write(args, i=i):
                 buf, steps, count = args
-                return _put(buf, lanes[i].read(st, aux, logs), count), steps.at[count].set(k + 1), count + 1
+                return _put(buf, lanes[i].read(st, aux, logs), count), _put_step(steps, k + 1, count), count + 1
 
             buf, steps, count = lax.cond(take & (count < m), write, lambda a: a, (buf, steps, count))
             new_compact.append((buf, steps))
@@ -497,7 +510,7 @@ def chunk_impl(plan: Plan, state, bufs, key, ctl, fill, masks, stopped):
                 else:
                     def write(args, i=i, k=k0 + j):
                         buf, steps, count = args
-                        return _put(buf, lanes[i].read(st, None, None), count), steps.at[count].set(k), count + 1
+                        return _put(buf, lanes[i].read(st, None, None), count), _put_step(steps, k, count), count + 1
 
                     buf, steps, count = lax.cond(take & (count < m), write, lambda a: a, (buf, steps, count))
                 new_compact.append((buf, steps))

@@ -686,7 +686,7 @@ def _resolve(cfg: RunConfig, state) -> tuple[Plan, Schema, tuple]:
         return program.apply_logged(plan, cfg.key, jnp.int32(0), st)
 
     try:
-        out_shape = jax.eval_shape(traced_step, state)
+        out_shape = program.logged_shapes(plan, cfg.key, jnp.int32(0), state)
     except JaxlogError:
         raise
     except Exception as e:

@@ -56,7 +56,7 @@ from .bytequeue import ByteQueue, Item, Stalled
 from .dtypes import DTYPE_ATTR, KEY_IMPL_ATTR, check_frames, check_leaf_dtype, encode, storage_dtype, to_host
 from .pathlock import PathLock
 from .sink import STATUSES
-from .space import NoSpace, SpaceReserve, trim
+from .space import NoSpace, SpaceReserve, superblock_end, trim
 
 LIBVER = ("v108", "v108")
 QUEUE_BYTES = 128 << 20  # default byte budget of the hand-over queue
@@ -137,17 +137,17 @@ class _Column:
 
     Also bounds the file space an append can take (``growth``), from the chunk shape."""
 
-    __slots__ = ("ds", "dsid", "mtype", "spaces", "rows", "chunk_alloc", "compressed", "gen")
+    __slots__ = ("dsid", "mtype", "spaces", "rows", "chunk_alloc", "compressed", "gen")
 
-    def __init__(self, ds: h5py.Dataset, compressed: bool):
-        self.ds, self.dsid = ds, ds.id
+    def __init__(self, dsid: Any, shape: "_ColumnShape", compressed: bool):
+        self.dsid = dsid
         self.mtype = None
         self.spaces: dict[tuple, Any] = {}
-        chunks = ds.chunks
+        chunks = shape.chunks
         slab = 1  # chunks per row of chunks (frames larger than one chunk)
-        for n, c in zip(ds.shape[1:], chunks[1:]):
+        for n, c in zip(shape.frame, chunks[1:]):
             slab *= max(1, -(-max(n, 1) // c))
-        nbytes = int(np.prod(chunks, dtype=np.int64)) * ds.dtype.itemsize
+        nbytes = int(np.prod(chunks, dtype=np.int64)) * shape.itemsize
         if compressed:  # deflate/lzf may expand incompressible data a little
             nbytes += nbytes // 16 + 1024
         self.rows = int(chunks[0])
@@ -183,6 +183,33 @@ class _Column:
         fspace = dsid.get_space()
         fspace.select_hyperslab((old,) + (0,) * (arr.ndim - 1), arr.shape)
         dsid.write(mspace, fspace, arr, mtype=self.mtype)
+
+
+class _ColumnShape(NamedTuple):
+    """What a column needs to know of its dataset (asked of HDF5 once per layout)."""
+
+    chunks: tuple
+    frame: tuple  # the shape of one row
+    itemsize: int
+
+    @classmethod
+    def of(cls, ds: h5py.Dataset) -> "_ColumnShape":
+        return cls(tuple(ds.chunks), tuple(ds.shape[1:]), ds.dtype.itemsize)
+
+
+class _Template(NamedTuple):
+    """A layout's file as made, flushed, before the run's own attributes (provenance, meta and
+    their checksum): the bytes a file of the same layout starts from, and its columns by HDF5
+    name. Making the layout (groups, datasets, attributes, one HDF5 call each) is most of a
+    short run's file; copying it and opening its columns costs a fraction of that."""
+
+    data: bytes
+    columns: dict  # HDF5 name -> _ColumnShape
+
+
+_TEMPLATES: dict[str, _Template] = {}  # per process, by layout key; the oldest goes beyond _TEMPLATE_KEEP
+_TEMPLATE_KEEP = 16
+_TEMPLATE_MAX_BYTES = 4 << 20  # a layout with a larger file is made each time (its data, not its layout, dominates)
 
 
 class _Group(NamedTuple):
@@ -249,6 +276,12 @@ def _slices(frames: Frames, budget: int) -> list[Frames]:
             fr.add(p, steps[i:j], frames.values[p][i:j])
         out.append(fr)
     return out
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view, at = memoryview(data), 0
+    while at < len(view):
+        at += os.pwrite(fd, view[at:], at)
 
 
 def _close_discarding(f: h5py.File) -> None:
@@ -588,16 +621,37 @@ class HDF5Writer:
 
     def _create_beside(self, schema: Schema, meta: dict) -> None:
         """The complete, flushed layout under a temporary name, then renamed to ``path``; the
-        writer is ``open`` as soon as the file is in place."""
+        writer is ``open`` as soon as the file is in place. A layout made before in this process
+        is copied from its template (see ``_Template``)."""
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}-{secrets.token_hex(4)}{TMP_SUFFIX}")
+        frames = _frames_per_leaf(schema, meta) if self.expected_frames is None else self.expected_frames
+        key = self._layout_key(schema, frames)
+        template = _TEMPLATES.get(key)
+        self._texts = {"format_version": _json(FORMAT_VERSION), "schema": _json(schema.to_json()),
+                       "provenance": _json(meta.get("provenance")), "meta": _json(meta), "violation": _json(None)}
+        own = (len(self._texts["provenance"]) + len(self._texts["meta"])) * 2 + _LAYOUT_BYTES
         f = None
         try:
-            f = h5py.File(tmp, "w-", libver=LIBVER)
-            self._fd = os.open(tmp, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
-            self._space = SpaceReserve(self._fd, str(self.path))
-            layout = (len(_json(schema.to_json())) + len(_json(meta))) * 2 + _LAYOUT_BYTES * (len(schema.leaves) + 4)
-            self._space.ensure(f.id.get_filesize() + layout + _SLACK, "the file's layout")
-            self._build(f, schema, meta)
+            if template is None:
+                f = h5py.File(tmp, "w-", libver=LIBVER)
+                self._fd = os.open(tmp, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+                self._space = SpaceReserve(self._fd, str(self.path))
+                layout = len(self._texts["schema"]) * 2 + _LAYOUT_BYTES * (len(schema.leaves) + 4)
+                self._space.ensure(f.id.get_filesize() + layout + own + _SLACK, "the file's layout")
+                columns = self._build(f, schema, frames, None)
+                f.flush()
+                self._keep_template(key, columns)
+            else:
+                self._fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+                self._space = SpaceReserve(self._fd, str(self.path))
+                self._space.ensure(len(template.data) + own + _SLACK, "the file's layout")
+                _write_all(self._fd, template.data)
+                f = h5py.File(tmp, "r+", libver=LIBVER)
+                self._build(f, schema, frames, template)
+            jl = self._jl
+            for name in ("provenance", "meta"):
+                jl.attrs[name] = _text(self._texts[name])
+            jl.attrs[CRC_ATTR] = np.uint32(json_crc32(self._texts))
             f.flush()
             self._flushed_end = f.id.get_filesize()
             if self._flushed_end > self._space.reserved:
@@ -622,26 +676,54 @@ class HDF5Writer:
                 raise
             raise WriterError(f"cannot create trajectory file {self.path}: {exc}") from exc
 
-    def _build(self, f: h5py.File, schema: Schema, meta: dict) -> None:
+    def _author(self) -> str:
+        if self.author is not None:
+            return self.author
+        try:
+            return getpass.getuser()
+        except Exception:  # noqa: BLE001  (no user name in this environment: an H5MD author is still needed)
+            return "unknown"
+
+    def _layout_key(self, schema: Schema, frames: dict) -> str:
+        """Everything the file's layout depends on: equal keys, byte-equal layouts."""
         from .. import __version__
 
-        h5md = f.create_group("h5md")
-        h5md.attrs["version"] = np.array([1, 1], dtype=np.int32)
-        author = self.author
-        if author is None:
-            try:
-                author = getpass.getuser()
-            except Exception:  # noqa: BLE001  (no user name in this environment: an H5MD author is still needed)
-                author = "unknown"
-        f.create_group("h5md/author").attrs["name"] = author
-        creator = f.create_group("h5md/creator")
-        creator.attrs["name"] = "pytest-jaxlog"
-        creator.attrs["version"] = __version__
-        obs = f.create_group("observables")
+        return _json([schema.to_json(), sorted(frames.items()), self.compression, self.compression_opts,
+                      self.shuffle, self.checksums, self._author(), self.particles, __version__,
+                      h5py.version.hdf5_version, LIBVER])
+
+    def _keep_template(self, key: str, columns: dict) -> None:
+        """The bytes of the layout just made and flushed (through our descriptor: HDF5 wrote
+        them), kept for the next file of this layout."""
+        end = superblock_end(self._fd)
+        if end is None or end.eof > _TEMPLATE_MAX_BYTES:
+            return
+        data = os.pread(self._fd, end.eof, 0)
+        if len(data) != end.eof:
+            return
+        if len(_TEMPLATES) >= _TEMPLATE_KEEP:
+            _TEMPLATES.pop(next(iter(_TEMPLATES)))
+        _TEMPLATES[key] = _Template(data, columns)
+
+    def _build(self, f: h5py.File, schema: Schema, frames: dict, template: _Template | None) -> dict:
+        """The layout without the run's own attributes: made in ``f``, or (``template``) found
+        in ``f`` as copied from the template, and only its columns opened. Returns the columns'
+        shapes by HDF5 name."""
+        from .. import __version__
+
+        made = template is None
+        if made:
+            h5md = f.create_group("h5md")
+            h5md.attrs["version"] = np.array([1, 1], dtype=np.int32)
+            f.create_group("h5md/author").attrs["name"] = self._author()
+            creator = f.create_group("h5md/creator")
+            creator.attrs["name"] = "pytest-jaxlog"
+            creator.attrs["version"] = __version__
+            obs = f.create_group("observables")
         self._dsets: dict[str, _Column] = {}
         self._groups = {}
         self._rows = {}
-        frames = _frames_per_leaf(schema, meta) if self.expected_frames is None else self.expected_frames
+        columns: dict[str, _ColumnShape] = {}
         kw: dict[str, Any] = {}
         if self.compression is not None:
             kw = {"compression": self.compression, "compression_opts": self.compression_opts}
@@ -650,8 +732,17 @@ class HDF5Writer:
         if self.checksums:
             kw["fletcher32"] = True
         compressed = self.compression is not None
+
+        def column(g: Any, name: str, **create: Any) -> _Column:
+            where = f"observables/{leaf.path}/{name}"
+            if made:
+                ds = g.create_dataset(name, **create, **kw)
+                shape = columns[where] = _ColumnShape.of(ds)
+                return _Column(ds.id, shape, compressed)
+            return _Column(h5py.h5d.open(f.id, where.encode()), template.columns[where], compressed)
+
         for leaf in schema.leaves:
-            g = obs.create_group(leaf.path)
+            g = obs.create_group(leaf.path) if made else None
             stored, dname = storage_dtype(leaf.dtype)
             frame_bytes = int(np.prod(leaf.shape, dtype=np.int64)) * stored.itemsize
             n = frames.get(leaf.path)
@@ -659,32 +750,30 @@ class HDF5Writer:
             # zero-size frame dims: HDF5 chunks must be >= 1, so such dims get an unlimited max
             maxshape = (None, *(s if s > 0 else None for s in leaf.shape))
             chunks = (rows, *(max(1, s) for s in leaf.shape)) if frame_bytes <= (1 << 30) else True
-            value = g.create_dataset(
-                "value", shape=(0, *leaf.shape), maxshape=maxshape, dtype=stored, chunks=chunks, **kw
-            )
-            if dname is not None:
-                value.attrs[DTYPE_ATTR] = _text(dname)
-            if leaf.key_impl is not None:
-                value.attrs[KEY_IMPL_ATTR] = _text(leaf.key_impl)
-            self._dsets[leaf.path] = _Column(value, compressed)
+            self._dsets[leaf.path] = column(g, "value", shape=(0, *leaf.shape), maxshape=maxshape, dtype=stored,
+                                            chunks=chunks)
+            if made and dname is not None:
+                g["value"].attrs[DTYPE_ATTR] = _text(dname)
+            if made and leaf.key_impl is not None:
+                g["value"].attrs[KEY_IMPL_ATTR] = _text(leaf.key_impl)
             # Leaves of one view with one schedule share their step/time datasets (H5MD allows
             # hard-linked step/time): fewer HDF5 calls per batch, which dominate small batches.
             key = (leaf.record, _json(leaf.schedule.to_json()))
             group = self._groups.get(key)
             if group is None:
-                scalar = {"shape": (0,), "maxshape": (None,), "chunks": (_chunk_rows(8, n),), **kw}
-                step = g.create_dataset("step", dtype=np.int64, **scalar)
-                tds = None
-                if schema.dt is not None:
-                    tds = g.create_dataset("time", dtype=np.float64, **scalar)
-                group = self._groups[key] = _Group([], _Column(step, compressed),
-                                                   None if tds is None else _Column(tds, compressed))
+                scalar = {"shape": (0,), "maxshape": (None,), "chunks": (_chunk_rows(8, n),)}
+                step = column(g, "step", dtype=np.int64, **scalar)
+                tds = column(g, "time", dtype=np.float64, **scalar) if schema.dt is not None else None
+                group = self._groups[key] = _Group([], step, tds)
                 self._rows[key] = 0
-            else:
-                g["step"] = group.step.ds
+            elif made:
+                g["step"] = obs[f"{group.paths[0]}/step"]
                 if group.time is not None:
-                    g["time"] = group.time.ds
+                    g["time"] = obs[f"{group.paths[0]}/time"]
             group.paths.append(leaf.path)
+        if not made:
+            self._jl = f["jaxlog"]
+            return template.columns
         for group, mapping in self.particles.items():
             pg = f.require_group("particles").create_group(group)
             for name, path in mapping.items():
@@ -695,16 +784,14 @@ class HDF5Writer:
             box.attrs["dimension"] = np.int32(dim)
             box.attrs["boundary"] = np.array([b"none"] * dim, dtype="S8") if dim else np.array([], dtype="S8")
         jl = f.create_group("jaxlog")
-        self._texts = {"format_version": _json(FORMAT_VERSION), "schema": _json(schema.to_json()),
-                       "provenance": _json(meta.get("provenance")), "meta": _json(meta), "violation": _json(None)}
-        for key, text in self._texts.items():
-            jl.attrs[key] = _text(text)
-        jl.attrs[CRC_ATTR] = np.uint32(json_crc32(self._texts))
+        for key in ("format_version", "schema", "violation"):
+            jl.attrs[key] = _text(self._texts[key])
         jl.attrs["status"] = _fixed_json("status", "running")
         jl.attrs["steps_done"] = _fixed_json("steps_done", 0)
         jl.attrs["writer_error"] = _fixed_json("writer_error", None)
         jl.create_group("attachments")
         self._jl = jl
+        return columns
 
     # -- writer thread ----------------------------------------------------------------------
     def _run(self) -> None:
