@@ -25,15 +25,17 @@ def _script(name: str):
 
 
 def test_the_chunk_program_loop_dispatches_the_runs_own_program():
-    """benchmarks/run.py's per-chunk dispatch reference: jl.run's chunk program, one step at a
-    time, reaches the state a run of as many steps reaches, bit for bit (one program, any chunk)."""
+    """benchmarks/run.py's dispatch references: jl.run's chunk program, one step at a time, a few
+    or all steps in one dispatch, reaches the state a run of as many steps reaches, bit for bit
+    (one program, any chunk)."""
     bench = _script("run")
     step, state, energy, positions = bench.oscillators(16)
     record, _ = bench.standard(energy, positions)
-    got = bench._chunk_program_loop(step, state, record, 5)()
     run = jl.run(step, state, 5, record=record, progress=False)
-    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(run.state)):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    for per_dispatch in (1, 2, 5):
+        got = bench._chunk_program_loop(step, state, record, 5, per_dispatch=per_dispatch, initial=True)()
+        for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(run.state)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert not np.array_equal(np.asarray(run.state.x), np.asarray(state.x))  # it stepped
 
 

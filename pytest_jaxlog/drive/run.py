@@ -167,8 +167,17 @@ def _chunks(start: int, end: int, chunk: int, windows) -> list[tuple[int, int, A
     return out
 
 
+@jax.jit
+def _copies(leaves: list) -> list:
+    """Fresh buffers for the leaves, in one dispatch (a copy per leaf is an eager dispatch each,
+    several times the cost, on every run that donates)."""
+    return [jnp.copy(x) for x in leaves]
+
+
 def _copy_tree(tree):
-    return jax.tree_util.tree_map(lambda x: x.copy() if isinstance(x, jax.Array) else jnp.array(x, copy=True), tree)
+    """The state the run may donate: never the caller's arrays."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    return jax.tree_util.tree_unflatten(treedef, _copies(leaves))
 
 
 @dataclass(frozen=True)

@@ -707,8 +707,8 @@ class HDF5Writer:
 
     def _build(self, f: h5py.File, schema: Schema, frames: dict, template: _Template | None) -> dict:
         """The layout without the run's own attributes: made in ``f``, or (``template``) found
-        in ``f`` as copied from the template, and only its columns opened. Returns the columns'
-        shapes by HDF5 name."""
+        in ``f`` as copied from the template, and only its columns opened. Returns the shapes of
+        the columns it made, by HDF5 name."""
         from .. import __version__
 
         made = template is None
@@ -733,8 +733,8 @@ class HDF5Writer:
             kw["fletcher32"] = True
         compressed = self.compression is not None
 
-        def column(g: Any, name: str, **create: Any) -> _Column:
-            where = f"observables/{leaf.path}/{name}"
+        def column(g: Any, path: str, name: str, **create: Any) -> _Column:
+            where = f"observables/{path}/{name}"
             if made:
                 ds = g.create_dataset(name, **create, **kw)
                 shape = columns[where] = _ColumnShape.of(ds)
@@ -750,8 +750,8 @@ class HDF5Writer:
             # zero-size frame dims: HDF5 chunks must be >= 1, so such dims get an unlimited max
             maxshape = (None, *(s if s > 0 else None for s in leaf.shape))
             chunks = (rows, *(max(1, s) for s in leaf.shape)) if frame_bytes <= (1 << 30) else True
-            self._dsets[leaf.path] = column(g, "value", shape=(0, *leaf.shape), maxshape=maxshape, dtype=stored,
-                                            chunks=chunks)
+            self._dsets[leaf.path] = column(g, leaf.path, "value", shape=(0, *leaf.shape), maxshape=maxshape,
+                                            dtype=stored, chunks=chunks)
             if made and dname is not None:
                 g["value"].attrs[DTYPE_ATTR] = _text(dname)
             if made and leaf.key_impl is not None:
@@ -762,8 +762,8 @@ class HDF5Writer:
             group = self._groups.get(key)
             if group is None:
                 scalar = {"shape": (0,), "maxshape": (None,), "chunks": (_chunk_rows(8, n),)}
-                step = column(g, "step", dtype=np.int64, **scalar)
-                tds = column(g, "time", dtype=np.float64, **scalar) if schema.dt is not None else None
+                step = column(g, leaf.path, "step", dtype=np.int64, **scalar)
+                tds = column(g, leaf.path, "time", dtype=np.float64, **scalar) if schema.dt is not None else None
                 group = self._groups[key] = _Group([], step, tds)
                 self._rows[key] = 0
             elif made:
@@ -773,7 +773,7 @@ class HDF5Writer:
             group.paths.append(leaf.path)
         if not made:
             self._jl = f["jaxlog"]
-            return template.columns
+            return columns
         for group, mapping in self.particles.items():
             pg = f.require_group("particles").create_group(group)
             for name, path in mapping.items():
