@@ -208,8 +208,9 @@ class _Template(NamedTuple):
 
 
 _TEMPLATES: dict[str, _Template] = {}  # per process, by layout key; the oldest goes beyond _TEMPLATE_KEEP
+_TEMPLATES_LOCK = threading.Lock()  # writers may be opened from several threads
 _TEMPLATE_KEEP = 16
-_TEMPLATE_MAX_BYTES = 4 << 20  # a layout with a larger file is made each time (its data, not its layout, dominates)
+_TEMPLATE_MAX_BYTES = 1 << 20  # a layout with a larger file (thousands of records) is made each time
 
 
 class _Group(NamedTuple):
@@ -701,9 +702,10 @@ class HDF5Writer:
         data = os.pread(self._fd, end.eof, 0)
         if len(data) != end.eof:
             return
-        if len(_TEMPLATES) >= _TEMPLATE_KEEP:
-            _TEMPLATES.pop(next(iter(_TEMPLATES)))
-        _TEMPLATES[key] = _Template(data, columns)
+        with _TEMPLATES_LOCK:
+            if len(_TEMPLATES) >= _TEMPLATE_KEEP:
+                _TEMPLATES.pop(next(iter(_TEMPLATES)))
+            _TEMPLATES[key] = _Template(data, columns)
 
     def _build(self, f: h5py.File, schema: Schema, frames: dict, template: _Template | None) -> dict:
         """The layout without the run's own attributes: made in ``f``, or (``template``) found
