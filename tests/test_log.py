@@ -772,6 +772,38 @@ def test_run_log_equals_the_same_value_through_aux(chunk):
     assert "log/fmax" not in r_plain.schema.paths
 
 
+def test_run_finds_logs_in_a_jitted_part_traced_before_its_run():
+    """A run learns from an ordinary trace whether the step logs (its Python calls ``jl.log``,
+    or its program holds the log): a jitted force function traced and run before, whose Python
+    does not run again in the run's trace, still has its logs recorded; so does a record view."""
+    @jax.jit
+    def logged_force(x):
+        f = force(x)
+        jl.log("fmax", jnp.max(jnp.abs(f)))
+        return f
+
+    @jax.jit
+    def logged_energy(x):
+        e = energy(x)
+        jl.log("e_view", e)
+        return e
+
+    logged_force(S0["x"]).block_until_ready()  # traced here, without collecting
+    logged_energy(S0["x"]).block_until_ready()
+
+    def step(s):
+        v = s["v"] + 0.05 * logged_force(s["x"])
+        x = s["x"] + 0.1 * v
+        return {"x": x, "v": v + 0.05 * logged_force(x)}
+
+    r = jl.run(step, S0, 6, record={"e": lambda s: logged_energy(s["x"])})
+    t, ref = r.trajectory, jl.run(_md_step(), S0, 6).trajectory
+    eq(t.steps("log/fmax"), np.arange(1, 7))
+    eq(t["log/fmax"], ref["log/fmax"])
+    eq(t.steps("log/e_view"), np.arange(0, 7))
+    eq(t["log/e_view"], t["e"])
+
+
 def test_run_log_schedules_subsample_on_the_device(tmp_path):
     path = tmp_path / "t.h5"
     r = jl.run(_md_step(), S0, 30, logs={"fmax": jl.every(10)}, sinks=[jl.HDF5Writer(path)], chunk=7)

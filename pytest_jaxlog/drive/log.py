@@ -75,6 +75,9 @@ RESERVED_FIELDS = ("value", "valid", "count", "overflow")
 # jit-cache-sensitive: kernels traced while collecting never share a jaxpr with kernels traced
 # without (the primitive's effects differ between the two).
 _COLLECTING = jax.make_user_context(default_value=False)
+# jl.log calls made by this thread's Python code (while tracing it): how resolving a run learns
+# from an ordinary trace that a step logs nothing (see ``_logs_seen``)
+_CALLS = threading.local()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,6 +241,7 @@ def _log_one(name: Any, value: Any, capacity: Any, indices: dict, where: str) ->
                               f"({', '.join(RESERVED_FIELDS)} are fields of collected logs)")
         idx.append(_as_leaf(name, where, f"index {k}=", v))
     operands = [*leaves, *idx]
+    _CALLS.n = getattr(_CALLS, "n", 0) + 1
     if _COLLECTING.value:
         _check_live(name, where, operands)
     site = Site(name, where, None if capacity is None else int(capacity), tree, tuple(indices))
@@ -306,8 +310,16 @@ def _sites_in(jaxpr: Any) -> list[Site]:
 
 def has_logs(fn: Callable, *args: Any, **kwargs: Any) -> bool:
     """Whether ``fn(*args, **kwargs)`` calls ``jl.log`` anywhere (traced, nothing runs)."""
-    closed, _, _ = _trace(fn, args, kwargs)
-    return _jaxpr_has_logs(closed.jaxpr)
+    return _logs_seen(_trace(fn, args, kwargs, collecting=False))
+
+
+def _logs_seen(traced: "_Traced") -> bool:
+    """Whether a trace made without collecting saw ``jl.log``: its Python called it, or its
+    program holds the primitive (a jitted function traced before, whose Python did not run
+    again). Tracing without collecting shares JAX's caches with the chunk program's own trace
+    (tracing while collecting misses them all, at twice the cost of a first trace); a trace that
+    saw logs is made again, collecting."""
+    return traced.calls > 0 or _jaxpr_has_logs(traced.closed.jaxpr)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -743,10 +755,12 @@ class _Traced(NamedTuple):
     closed: Any
     out_tree: Any
     dynamic: list
+    calls: int  # jl.log calls its Python made
 
 
-def _trace(fn: Callable, args: tuple, kwargs: dict) -> tuple[Any, Any, list]:
-    """``fn`` traced for collection; non-array leaves of the arguments are closed over."""
+def _trace(fn: Callable, args: tuple, kwargs: dict, collecting: bool = True) -> _Traced:
+    """``fn`` traced (for collection, or ``collecting=False`` as an ordinary trace); non-array
+    leaves of the arguments are closed over."""
     leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
     dyn_idx = [i for i, x in enumerate(leaves) if _is_dynamic(x)]
     dynamic = [leaves[i] for i in dyn_idx]
@@ -758,9 +772,10 @@ def _trace(fn: Callable, args: tuple, kwargs: dict) -> tuple[Any, Any, list]:
         a, k = jax.tree_util.tree_unflatten(treedef, full)
         return fn(*a, **k)
 
-    with _COLLECTING(True):
+    before = getattr(_CALLS, "n", 0)
+    with _COLLECTING(collecting):
         closed, shape = jax.make_jaxpr(flat, return_shape=True)(*dynamic)
-    return _Traced(closed, jax.tree_util.tree_structure(shape), dynamic)
+    return _Traced(closed, jax.tree_util.tree_structure(shape), dynamic, getattr(_CALLS, "n", 0) - before)
 
 
 def collect(fn: Callable, *, capacity: int | None = None) -> Callable:
@@ -774,7 +789,7 @@ def collect(fn: Callable, *, capacity: int | None = None) -> Callable:
         raise JaxlogError(f"log capacity must be an int >= 1 or None, got {capacity!r}")
 
     def collected(*args: Any, **kwargs: Any) -> tuple[Any, dict]:
-        closed, out_tree, dynamic = _trace(fn, args, kwargs)
+        closed, out_tree, dynamic, _ = _trace(fn, args, kwargs)
         if not _jaxpr_has_logs(closed.jaxpr):
             outs = jex_core.jaxpr_as_fun(closed)(*dynamic)
             return jax.tree_util.tree_unflatten(out_tree, outs), {}
@@ -791,10 +806,11 @@ def collected_shapes(fn: Callable, *args: Any, capacity: int | None = None) -> t
     again under ``eval_shape`` costs several times the trace (tens of milliseconds of every
     first ``jl.run``), and tracing the step is the part of resolving a run that scales with
     the kernel."""
-    closed, out_tree, dynamic = _trace(fn, args, {})
-    if not _jaxpr_has_logs(closed.jaxpr):
-        outs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in closed.out_avals]
-        return jax.tree_util.tree_unflatten(out_tree, outs), {}
+    plain = _trace(fn, args, {}, collecting=False)
+    if not _logs_seen(plain):
+        outs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in plain.closed.out_avals]
+        return jax.tree_util.tree_unflatten(plain.out_tree, outs), {}
+    closed, out_tree, dynamic, _ = _trace(fn, args, {})
 
     def run(*dyn: Any) -> tuple[Any, dict]:
         outs, entries = _Interpreter(capacity=capacity).eval(closed.jaxpr, closed.consts, dyn)
@@ -805,7 +821,7 @@ def collected_shapes(fn: Callable, *args: Any, capacity: int | None = None) -> t
 
 def _tapped(fn: Callable, callback: Callable) -> Callable:
     def tapped(*args: Any, **kwargs: Any) -> Any:
-        closed, out_tree, dynamic = _trace(fn, args, kwargs)
+        closed, out_tree, dynamic, _ = _trace(fn, args, kwargs)
         outs, _ = _Interpreter(tap=callback).eval(closed.jaxpr, closed.consts, dynamic)
         return jax.tree_util.tree_unflatten(out_tree, outs)
 
