@@ -801,11 +801,10 @@ def collect(fn: Callable, *, capacity: int | None = None) -> Callable:
 
 
 def collected_shapes(fn: Callable, *args: Any, capacity: int | None = None) -> tuple[Any, dict]:
-    """``jax.eval_shape(collect(fn, capacity=capacity), *args)``, tracing ``fn`` once: a step
-    that logs nothing takes its shapes from the traced program itself. Evaluating the program
-    again under ``eval_shape`` costs several times the trace (tens of milliseconds of every
-    first ``jl.run``), and tracing the step is the part of resolving a run that scales with
-    the kernel."""
+    """``jax.eval_shape(collect(fn, capacity=capacity), *args)``. A ``fn`` that logs nothing is
+    traced once, without collecting (see ``_logs_seen``), and takes its shapes from that trace:
+    evaluating the program again under ``eval_shape`` cost several times the trace (tens of
+    milliseconds of every first ``jl.run``). One that logs is traced again, collecting."""
     plain = _trace(fn, args, {}, collecting=False)
     if not _logs_seen(plain):
         outs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in plain.closed.out_avals]
