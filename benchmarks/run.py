@@ -16,7 +16,8 @@ Workloads ("standard": total and kinetic energy every step, positions every 10 s
 
 - ``sparse``: 1024 oscillators, an expensive pairwise observable (``sum |x_i - x_j|``, 10^6 pairs)
   recorded every 100 steps: ``jl.run`` against a nested scan that computes it only then
-  (target <= 1.05x), and the run's chunk program alone (one dispatch, no host work) against it;
+  (target <= 1.05x), and the run's chunk program alone (one dispatch, no host work) and the
+  nested scan with a runtime inner trip count against it;
 - ``fixed``: fixed costs. Host work per chunk: ``jl.run(chunk=1)`` (standard workload) against a
   loop that only dispatches the same compiled chunk program, per step (target <= 100 us beyond
   it; a loop of the bare jitted step is shown too). A 1,000-step and a 10,000-step oscillator run
@@ -192,9 +193,19 @@ def section_sparse(args, rows: list[Row]) -> None:
 
         return pair(s), lax.scan(outer, s, None, length=steps // 100)
 
+    @jax.jit
+    def nested_runtime(s, m):  # the same with the inner trip count a runtime value, as a chunk program has it
+        def outer(c, _):
+            c = lax.while_loop(lambda c: c[0] < m, lambda c: (c[0] + 1, step(c[1])), (jnp.int32(0), c))[1]
+            return c, pair(c)
+
+        return pair(s), lax.scan(outer, s, None, length=steps // 100)
+
     record = {"pair": jl.Record(pair, every=100)}
+    m = jnp.int32(100)
     times = interleaved({
         "nested scan": lambda: jax.block_until_ready(nested(state)),
+        "nested, runtime trip count": lambda: jax.block_until_ready(nested_runtime(state, m)),
         "chunk program": _chunk_program_loop(step, state, record, steps, per_dispatch=steps, initial=True),
         "jl.run": lambda: jl.run(step, state, steps, record=record, progress=False),
     }, 3 * args.repeats)  # tens of milliseconds each, and the pairwise sum's threads make single calls vary 5x
@@ -204,6 +215,9 @@ def section_sparse(args, rows: list[Row]) -> None:
     rows.append(Row("sparse", "sparse: the chunk program alone", "the run's compiled chunk program dispatched once "
                     "for the whole run (no host work), vs the nested scan",
                     ratios(times, "chunk program", "nested scan")))
+    rows.append(Row("sparse", "sparse: a runtime inner trip count", "the nested scan with its inner loop a while loop "
+                    "to a bound known at run time (as a chunk program of any length has it), vs the nested scan",
+                    ratios(times, "nested, runtime trip count", "nested scan")))
 
 
 def _chunk_program_loop(step, state, record, steps: int, per_dispatch: int = 1, initial: bool = False):

@@ -303,7 +303,9 @@ def test_sigkill_in_a_tight_loop_never_leaves_an_unopenable_file(tmp_path):
             continue
         statuses.append(traj.status)
     print(statuses)
-    assert statuses.count("damaged") < len(statuses)  # most kills leave a file that opens
+    # the kills landed inside the loop's create/write/close cycles, and most left a file that opens
+    assert any(s in ("complete", "running") for s in statuses), statuses
+    assert statuses.count("damaged") <= len(statuses) // 2, statuses
     write_file(path, 2.0)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.h5", "t.h5.warm"]
 
