@@ -172,13 +172,13 @@ class Fills:
             _SPARE_BYTES[0] -= self.set_bytes
             if not spare:
                 del _SPARE[self.key]
-            if not _deleted(bufs):
+            if not any_deleted(bufs):
                 return bufs
         return None if self.sharded else program.buffers(self.plan, self.shapes, self.device)
 
     def close(self) -> None:
         """Keep up to two sets for the next run of this layout (within ``POOL_BYTES`` in all)."""
-        keep = [b for b in self.free[:2] if not _deleted(b)]
+        keep = [b for b in self.free[:2] if not any_deleted(b)]
         self.free = []
         if not keep or self.set_bytes * len(keep) > POOL_BYTES:
             return
@@ -192,8 +192,9 @@ class Fills:
             _SPARE_BYTES[0] -= sum(x.nbytes for x in jax.tree_util.tree_leaves(old))
 
 
-def _deleted(bufs: dict) -> bool:
-    return any(x.is_deleted() for x in jax.tree_util.tree_leaves(bufs))
+def any_deleted(tree: Any) -> bool:
+    """Whether an array of ``tree`` was donated (or deleted) already."""
+    return any(x.is_deleted() for x in jax.tree_util.tree_leaves(tree) if isinstance(x, jax.Array))
 
 
 _LAYOUTS: dict = {}  # plan -> (shapes, layout key, bytes of a set): plans and shapes are cached per kernel
@@ -240,10 +241,13 @@ class Reader:
         bufs = f.out.pop("bufs")
         first = bool(f.flags & program.RECORD_INITIAL)
         frames = {}
+        steps_from: dict[int, np.ndarray] = {}  # one step array per first row, shared by the records
         for path, has_initial in self.dense:
             lo = 0 if first and has_initial else 1
             if ran + 1 - lo > 0:
-                steps = np.arange(f.k0 + lo, f.k0 + ran + 1, dtype=np.int64)
+                steps = steps_from.get(lo)
+                if steps is None:
+                    steps = steps_from[lo] = np.arange(f.k0 + lo, f.k0 + ran + 1, dtype=np.int64)
                 frames[path] = (steps, self._rows(bufs["dense"][path], lo, ran + 1, path))
         for paths, (vals, steps), count in zip(self.compact, bufs["compact"], fill[1:]):
             count = int(count)

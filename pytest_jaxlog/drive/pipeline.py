@@ -44,11 +44,11 @@ class Pipeline:
     """One run's consumers of frames. ``feed`` returns the batch's new violations (earliest first);
     what a driver does about them (stop, replay a post-mortem, halt logging) is its own business."""
 
-    def __init__(self, *, sinks: Any, invariants: Any, on_violation: str, timeline: Any = None, progress: Any = None):
+    def __init__(self, *, sinks: Any, invariants: Any, on_violation: str, timeline: Any = None):
         self.invariants = as_list(invariants)
         self.on_violation = check_on_violation(on_violation)
         self.timeline = timeline
-        self.progress = progress  # a ProgressLogger shown the latest recorded values, or None
+        self.progress = None  # a ProgressLogger shown the latest recorded values (set by jl.run)
         self.sinks = SinkSet(sinks)
         self.sinks.set_timeline(timeline)
         self.watch: Watch | None = None
@@ -73,11 +73,6 @@ class Pipeline:
                         "invariants": [getattr(i, "name", repr(i)) for i in self.invariants]}}
         self.sinks.open(schema, meta)
         self.schema = schema
-
-    @staticmethod
-    def binds_any(invariants: Any) -> bool:
-        """Whether a run with these invariants will check anything (known before the sinks open)."""
-        return bool(as_list(invariants))
 
     @property
     def opened(self) -> bool:

@@ -44,6 +44,7 @@ How a chunk of work steps ``k0 .. k0+n-1`` (recording steps ``k0+1 .. k0+n``) ru
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -125,9 +126,7 @@ class Plan:
     log_capacity: int | None = None  # capacity of logs inside while loops that give none
 
     def __post_init__(self):  # jit hashes its static argument on every call: hash the lanes once
-        object.__setattr__(self, "_hash", hash((self.step, self.lanes, self.dense, self.compact, self.initial,
-                                                self.host_masks, self.has_aux, self.keyed, self.n_systems,
-                                                self.until, self.length, self.collect, self.log_capacity)))
+        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f) for f in _PLAN_FIELDS)))
 
     def __hash__(self) -> int:
         return self._hash
@@ -140,8 +139,7 @@ class Plan:
         return all(getattr(self, f) == getattr(other, f) for f in _PLAN_FIELDS)
 
 
-_PLAN_FIELDS = ("step", "lanes", "dense", "compact", "initial", "host_masks", "has_aux", "keyed", "n_systems", "until",
-                "length", "collect", "log_capacity")
+_PLAN_FIELDS = tuple(f.name for f in dataclasses.fields(Plan))  # what hashes and compares a plan: every field
 
 
 _PLANS: dict = {}
@@ -250,11 +248,6 @@ def host_mask(schedule: Schedule, k0: int, length: int, capacity: int) -> np.nda
     out = np.zeros(capacity, dtype=bool)
     out[:length] = schedule.mask(np.arange(k0 + 1, k0 + length + 1, dtype=np.int64))
     return out
-
-
-def apply_step(plan: Plan, key: Any, k: Any, state: Any) -> tuple[Any, Any]:
-    """One application of the user's step: ``(new state, aux or None)``."""
-    return _call_step(plan, key, k, state)
 
 
 def apply_logged(plan: Plan, key: Any, k: Any, state: Any) -> tuple[Any, Any, dict]:

@@ -34,7 +34,7 @@ from .compiles import run_timings
 from .loggers import ProgressLogger
 from .pipeline import Pipeline, Span
 from .postmortem import replay
-from .chunks import Chunk, Fill, Fills, Reader, merge
+from .chunks import Chunk, Fill, Fills, Reader, any_deleted, merge
 from .program import Lane, Plan
 from .signals import sigterm_as_interrupt
 from .resolve import (AUX_SCHEDULE, LOG_SCHEDULE, log_schedules, n_systems_of, resolve_schema, short_error,
@@ -349,12 +349,12 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
     chunk = max(1, min(capacity if cfg.chunk is None else cfg.chunk, cfg.steps)) if cfg.steps else 1
     lanes = plan.lanes  # the run's lanes: views (those that log wrapped), aux, then the step's logs
     plan = _laid_out(plan, capacity)  # one program, any length
-    n_state = len(jax.tree_util.tree_leaves(state))
+    leaves = jax.tree_util.tree_leaves(state)
+    n_state = len(leaves)
     # with invariants, chunk-start states are kept for the post-mortem: no donation
     # with checkpoints, the state at each written step is kept for one (on a stop, too)
-    use_donate = cfg.donate and not Pipeline.binds_any(cfg.invariants) and cfg.checkpoint is None
+    use_donate = cfg.donate and not cfg.invariants and cfg.checkpoint is None
     fn = program.chunk_donate if use_donate else program.chunk
-    leaves = jax.tree_util.tree_leaves(state)
     device = next(iter(leaves[0].devices())) if leaves else None
     committed = bool(leaves) and getattr(leaves[0], "committed", False)
     state_bytes = 0 if use_donate else sum(x.nbytes for x in leaves)
@@ -584,7 +584,7 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
                        reason=exc)
         state_step = written_step
         if written_state is None:  # donated: the newest state we still hold (frames may end earlier)
-            written_state, state_step = (cur, cur_step) if not _deleted(cur) else (None, written_step)
+            written_state, state_step = (cur, cur_step) if not any_deleted(cur) else (None, written_step)
         exc.jaxlog_run = Run(written_state, state_step,
                              run_timings(tracker, time.perf_counter() - t_start, state_step - start_step,
                                          state_leaves=n_state),
@@ -782,10 +782,6 @@ def _as_arrays(state):
                 f"names or settings out of the state, e.g. in the step function's closure) ({e})"
             ) from None
     return jax.tree_util.tree_unflatten(treedef, out)
-
-
-def _deleted(tree) -> bool:
-    return any(leaf.is_deleted() for leaf in jax.tree_util.tree_leaves(tree) if isinstance(leaf, jax.Array))
 
 
 def _check_carry(state, new_shape, cfg: RunConfig) -> None:

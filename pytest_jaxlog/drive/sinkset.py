@@ -92,16 +92,9 @@ class SinkSet:
             self.opened.append(s)
 
     def write(self, frames: Frames) -> None:
-        if frames:
+        if frames:  # frames sharded across processes only reach sinks that take them (shards.Layout.check_sinks)
             last = frames.last_step
-            sharded = frames.sharded
             for s in self.opened:
-                if sharded and not getattr(s, "takes_shards", False):
-                    raise JaxlogError(
-                        f"record {sharded[0]!r} is sharded across processes (this process holds only part of it), "
-                        f"which {type(s).__name__} cannot keep: record it with jl.HDF5Writer(path) (each process "
-                        f"writes its part and jl.load(path) reads the whole), or record a value every process "
-                        f"holds whole (a reduction)")
                 s.write(frames)
                 self._through[id(s)] = last  # what this sink holds, if a later one fails
 

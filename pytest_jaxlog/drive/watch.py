@@ -30,39 +30,30 @@ class Watch:
 
     def check(self, frames: Frames) -> list:
         """New violations in this batch, earliest first (ties: the invariant listed first)."""
-        if not self.watching:
-            return []
-        if self.mode == "raise":
-            v = check_all(self._active, frames)
-            new = [] if v is None else [v]
-        else:
-            new = []
-            for c in list(self._active):
-                v = check_all((c,), frames)
-                if v is not None:
-                    new.append(v)
-                    self._active.remove(c)
-            new.sort(key=lambda v: v.step)  # stable: ties keep the listed order
-        if new and self.first is None:
-            self.first = new[0]
-        return new
+        return self._judge(lambda checkers: check_all(checkers, frames))
 
     def finish(self) -> list:
         """The run ended: the violations only the end decides (an aggregate whose window the run
         ended before), earliest first."""
+        return self._judge(finish_all)
+
+    def _judge(self, judge) -> list:
+        """``judge(checkers)``: the earliest violation among them, or None. With ``raise`` the
+        run stops at the first, so all are judged together; otherwise each invariant is judged on
+        its own and leaves the watch at its first violation."""
         if not self.watching:
             return []
         if self.mode == "raise":
-            v = finish_all(self._active)
+            v = judge(self._active)
             new = [] if v is None else [v]
         else:
             new = []
             for c in list(self._active):
-                v = finish_all((c,))
+                v = judge((c,))
                 if v is not None:
                     new.append(v)
                     self._active.remove(c)
-            new.sort(key=lambda v: v.step)
+            new.sort(key=lambda v: v.step)  # stable: ties keep the listed order
         if new and self.first is None:
             self.first = new[0]
         return new

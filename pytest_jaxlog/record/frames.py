@@ -187,11 +187,6 @@ class Frames:
         return any(len(s) for s in self.steps.values())
 
     @property
-    def sharded(self) -> tuple[str, ...]:
-        """The paths whose values are ``Shards`` (held in part by this process)."""
-        return tuple(p for p, v in self.values.items() if isinstance(v, Shards))
-
-    @property
     def last_step(self) -> int | None:
         ends = [int(s[-1]) for s in self.steps.values() if len(s)]
         return max(ends) if ends else None
