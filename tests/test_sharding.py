@@ -361,6 +361,10 @@ def test_the_index_links_nothing_and_names_only_its_parts(two_process_run, tmp_p
     expect(tampered(lambda doc, w: doc["files"].reverse()), "not process 0's part")
     expect(tampered(lambda doc, w: None, files=("traj.h5.p0",)), "part file traj.h5.p1 is missing")
 
+    def nested(doc, work):  # a part that is an index (its own parts in place): refused, not followed
+        (work / "traj.h5.p1").write_bytes((d / "traj.h5").read_bytes())
+    expect(tampered(nested), "not a valid multi-process trajectory index", "part file traj.h5.p1 is itself an index")
+
     def link(doc, work):
         (work / "traj.h5.p1").unlink()
         (work / "traj.h5.p1").symlink_to(d / "traj.h5.p1")

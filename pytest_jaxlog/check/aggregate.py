@@ -197,7 +197,6 @@ class aggregate(Invariant):
                               f"jl.every(n, start=...), jl.at(...)) or None for the whole run, got {steps!r}")
         self.steps = steps
         self.bounds = Bounds.parse(f"aggregate({record})", lo, hi, atol)
-        self.lo, self.hi, self.atol = self.bounds
         self.name = call_text("aggregate", record, self.reduce, lo=lo, hi=hi, steps=steps, atol=atol or None)
 
     @property
@@ -259,7 +258,7 @@ class aggregate(Invariant):
         window = self.window_text if complete else f"{self.window_text}, cut short: the run ended at step {state['seen']}"
         frames = f"{state['n']} frame{'s' if state['n'] != 1 else ''} at steps {state['first']}..{state['last']}"
         detail = f"{self.reduce} over {window}: {frames}; {self.bounds.why(v)}"
-        return self.hit(leaf, state["last"], spot.system, spot.index, Finding(v, self.bounds.text, self.atol or None, detail))
+        return self.hit(leaf, state["last"], spot.system, spot.index, Finding(v, self.bounds.text, self.bounds.atol or None, detail))
 
     def load_state(self, leaf: LeafSpec, data: Any) -> Any:
         state = {k: data[k] for k in ("n", "first", "last", "seen", "done")}

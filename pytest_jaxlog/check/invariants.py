@@ -101,18 +101,13 @@ class bounded(Invariant):
         self.record = args.record_name(record, "bounded()")
         self.records = (record,)
         self.bounds = Bounds.parse(f"bounded({record})", lo, hi, atol)
-        self.lo, self.hi, self.atol = self.bounds
         self.name = call_text("bounded", record, lo=lo, hi=hi, atol=atol or None)
-
-    @property
-    def expected_text(self) -> str:
-        return self.bounds.text
 
     def mask(self, leaf, steps, values, state):
         return Mask(self.bounds.outside(as_numeric(leaf, values)))
 
     def describe(self, leaf, value, spot, context, state):
-        return Finding(value, self.bounds.text, self.atol or None, self.bounds.why(value))
+        return Finding(value, self.bounds.text, self.bounds.atol or None, self.bounds.why(value))
 
 
 class conserved(Invariant):

@@ -71,8 +71,6 @@ def decode(stored: np.ndarray, name: str | None) -> np.ndarray:
     """Undo ``encode``: view the stored uint data as the named ml_dtypes type."""
     if name is None:
         return stored
-    if isinstance(name, bytes):
-        name = name.decode()
     return stored.view(dtype_from_name(name))
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ import numpy as np
 
 from ..errors import JaxlogError
 from ..record.frames import FORMAT_VERSION, Block, Frames, Schema, Shards
-from .hdf5 import CRC_ATTR, CRC_COVERS, LIBVER, HDF5Writer, json_crc32
+from .hdf5 import CRC_ATTR, CRC_COVERS, LIBVER, HDF5Writer, _json, _text, json_crc32
 
 PARTS_ATTR = "parts"  # on the index's /jaxlog: the part files and blocks, JSON
 PART_META = "part"  # in a part's meta: {"run_id", "process", "index"}
@@ -90,7 +89,6 @@ class PartsWriter:
                 records[leaf.path].append({"file": blk.owner, "leaf": local, "index": [list(ab) for ab in blk.index]})
                 if blk.owner == self.me:
                     leaves.append(dataclasses.replace(leaf, path=local, shape=blk.shape))
-        self._layout = {p: blocks for p, blocks in layout.items()}
         self._records = records
         self._schema = schema
         names = [part_name(self.path.name, i) for i in range(count)]
@@ -180,11 +178,12 @@ class PartsWriter:
                 creator.attrs["name"] = "pytest-jaxlog"
                 creator.attrs["version"] = __version__
                 jl = f.create_group("jaxlog")
-                texts = {"format_version": json.dumps(FORMAT_VERSION), "schema": json.dumps(self._schema.to_json()),
-                         **{key: json.dumps(value, default=repr) for key, value in self._info.items()},
-                         PARTS_ATTR: json.dumps(self._index)}
+                # the writer's own JSON and attribute form (fixed-length: in the checksummed object header)
+                texts = {"format_version": _json(FORMAT_VERSION), "schema": _json(self._schema.to_json()),
+                         **{key: _json(value) for key, value in self._info.items()},
+                         PARTS_ATTR: _json(self._index)}
                 for key, text in texts.items():
-                    jl.attrs[key] = text
+                    jl.attrs[key] = _text(text)
                 jl.attrs[CRC_ATTR] = np.uint32(json_crc32({k: texts.get(k) for k in CRC_COVERS}))
             os.replace(tmp, self.path)
         except BaseException:
@@ -202,7 +201,7 @@ class PartsWriter:
 # reading
 
 
-def _bad(path: Path, why: str) -> JaxlogError:
+def invalid_index(path: Path, why: str) -> JaxlogError:
     return JaxlogError(f"{path}: not a valid multi-process trajectory index: {why}")
 
 
@@ -210,28 +209,19 @@ def _part_file(index_path: Path, name: Any) -> Path:
     """A part named in the index: a plain file name in the index's own directory, a regular file."""
     if (not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name
             or "\x00" in name or Path(name).name != name):
-        raise _bad(index_path, f"part file name {name!r} is not a plain file name")
+        raise invalid_index(index_path, f"part file name {name!r} is not a plain file name")
     if name == index_path.name:
-        raise _bad(index_path, "it names itself as a part")
+        raise invalid_index(index_path, "it names itself as a part")
     p = index_path.parent / name
     if p.is_symlink():
-        raise _bad(index_path, f"part file {name} is a symbolic link (parts are read only from the index's own "
+        raise invalid_index(index_path, f"part file {name} is a symbolic link (parts are read only from the index's own "
                                "directory)")
     if not p.exists():
         raise JaxlogError(f"{index_path}: part file {name} is missing (every process of the run writes one "
                           f"beside the index)")
     if not p.is_file():
-        raise _bad(index_path, f"part file {name} is not a regular file")
+        raise invalid_index(index_path, f"part file {name} is not a regular file")
     return p
-
-
-def _is_index(path: Path) -> bool:
-    try:
-        with h5py.File(path, "r", locking=False) as f:
-            g = f.get("jaxlog")
-            return isinstance(g, h5py.Group) and PARTS_ATTR in g.attrs
-    except OSError:
-        return False  # not an HDF5 file: load() says so
 
 
 def _volume(shape) -> int:
@@ -241,13 +231,13 @@ def _volume(shape) -> int:
 def _check_tiling(index_path: Path, path: str, shape: tuple[int, ...], blocks: list[tuple]) -> None:
     for idx in blocks:
         if len(idx) != len(shape) or any(not (0 <= a <= z <= n) for (a, z), n in zip(idx, shape)):
-            raise _bad(index_path, f"record {path!r}: block {idx} does not fit its shape {shape}")
+            raise invalid_index(index_path, f"record {path!r}: block {idx} does not fit its shape {shape}")
     if sum(_volume([z - a for a, z in idx]) for idx in blocks) != _volume(shape):
-        raise _bad(index_path, f"record {path!r}: its blocks do not add up to its shape {shape}")
+        raise invalid_index(index_path, f"record {path!r}: its blocks do not add up to its shape {shape}")
     for i, p in enumerate(blocks):
         for q in blocks[i + 1:]:
             if all(max(a, c) < min(b, d) for (a, b), (c, d) in zip(p, q)):
-                raise _bad(index_path, f"record {path!r}: blocks {p} and {q} overlap")
+                raise invalid_index(index_path, f"record {path!r}: blocks {p} and {q} overlap")
 
 
 def load_parts(path: Path, schema: Schema, info: dict) -> Any:
@@ -257,13 +247,11 @@ def load_parts(path: Path, schema: Schema, info: dict) -> Any:
     index = info.get(PARTS_ATTR)
     if not isinstance(index, dict) or not isinstance(index.get("files"), list) or not isinstance(
             index.get("records"), dict) or not isinstance(index.get("run_id"), str):
-        raise _bad(path, "the parts attribute lacks run_id, files or records")
+        raise invalid_index(path, "the parts attribute lacks run_id, files or records")
     files = [_part_file(path, name) for name in index["files"]]
     parts = []
     for i, f in enumerate(files):
-        if _is_index(f):
-            raise _bad(path, f"part file {f.name} is itself an index")
-        part = load(f)
+        part = load(f, part_of=path)  # opened and read as any file; one that is an index is refused there
         mine = part.meta.get(PART_META) if isinstance(part.meta, dict) else None
         if not isinstance(mine, dict) or mine.get("run_id") != index["run_id"] or mine.get("process") != i:
             raise JaxlogError(f"{path}: part file {f.name} is not process {i}'s part of this run (a file left by "
@@ -273,21 +261,21 @@ def load_parts(path: Path, schema: Schema, info: dict) -> Any:
     for leaf in schema.leaves:
         entries = index["records"].get(leaf.path)
         if not isinstance(entries, list) or not entries:
-            raise _bad(path, f"record {leaf.path!r} has no blocks")
+            raise invalid_index(path, f"record {leaf.path!r} has no blocks")
         got = []
         for e in entries:
             try:
                 fi, local = int(e["file"]), str(e["leaf"])
                 idx = tuple((int(a), int(z)) for a, z in e["index"])
             except (KeyError, TypeError, ValueError):
-                raise _bad(path, f"record {leaf.path!r}: block entry {e!r} is malformed") from None
+                raise invalid_index(path, f"record {leaf.path!r}: block entry {e!r} is malformed") from None
             if not 0 <= fi < len(parts):
-                raise _bad(path, f"record {leaf.path!r}: block in part {fi}, of {len(parts)}")
+                raise invalid_index(path, f"record {leaf.path!r}: block in part {fi}, of {len(parts)}")
             if local not in parts[fi].schema:
-                raise _bad(path, f"record {leaf.path!r}: part {files[fi].name} has no record {local!r}")
+                raise invalid_index(path, f"record {leaf.path!r}: part {files[fi].name} has no record {local!r}")
             spec = parts[fi].schema[local]
             if tuple(spec.shape) != tuple(z - a for a, z in idx) or np.dtype(spec.dtype) != np.dtype(leaf.dtype):
-                raise _bad(path, f"record {leaf.path!r}: {files[fi].name}:{local} is {spec.dtype}{list(spec.shape)}, "
+                raise invalid_index(path, f"record {leaf.path!r}: {files[fi].name}:{local} is {spec.dtype}{list(spec.shape)}, "
                                  f"the block {idx} of {leaf.dtype}{list(leaf.shape)}")
             got.append((fi, local, idx))
         _check_tiling(path, leaf.path, tuple(leaf.shape), [g[2] for g in got])

@@ -47,7 +47,6 @@ def _describe() -> dict:
         "platform": platform.platform(),
         "machine": platform.machine(),
         "hostname": socket.gethostname(),
-        "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "argv0": sys.argv[0] if sys.argv else None,
     }
     try:

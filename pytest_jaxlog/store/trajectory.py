@@ -27,7 +27,7 @@ from ..record.frames import FORMAT_VERSION, Frames, Schema
 from ..record.records import leaf_paths
 from . import h5safe
 from .dtypes import DTYPE_ATTR, KEY_IMPL_ATTR, check_leaf_dtype, decode, dtype_from_name, storage_dtype
-from .hdf5 import CRC_ATTR, json_crc32
+from .hdf5 import CRC_ATTR, HDF5Writer, json_crc32
 from .sink import STATUSES
 
 _REQUIRED = ("format_version", "schema", "status", "steps_done")
@@ -536,8 +536,6 @@ class Trajectory:
         Small files for version control: chunks sized to the data, and ``compression`` (gzip with
         shuffle by default; lossless, values read back bit for bit; None to store raw).
         """
-        from ..store.hdf5 import HDF5Writer
-
         frames = self.frames()
         writer_kwargs.setdefault("expected_frames", {p: len(s) for p, s in frames.steps.items()})
         writer = HDF5Writer(path, compression=compression, **writer_kwargs)
@@ -752,11 +750,12 @@ def _read_info(jl: h5py.Group, file: Path) -> dict[str, Any]:
     return info
 
 
-def load(path: str | os.PathLike) -> Trajectory:
+def load(path: str | os.PathLike, *, part_of: Path | None = None) -> Trajectory:
     """Open a pytest-jaxlog HDF5 trajectory (values are read lazily, on access).
 
     The file may be hostile: nothing outside it is read, and anything malformed is a
-    ``JaxlogError`` naming the file and the problem."""
+    ``JaxlogError`` naming the file and the problem. ``part_of``: the index of a run over several
+    processes this file is a part of (a part that is an index itself is refused, not followed)."""
     path = Path(path)
     if not path.exists():
         raise JaxlogError(f"{path}: no such trajectory file")
@@ -779,8 +778,10 @@ def load(path: str | os.PathLike) -> Trajectory:
             info = _read_info(jl, path)
             schema = _schema_from_json(info["schema"], path)
             if info.get("parts") is not None:  # the index of a run over several processes: data in the parts
-                from .parts import load_parts  # the multi-process index reader builds on this module
+                from .parts import invalid_index, load_parts  # the multi-process index reader builds on this module
 
+                if part_of is not None:
+                    raise invalid_index(part_of, f"part file {path.name} is itself an index")
                 return load_parts(path, schema, info)
             obs = h5safe.child(f, "observables", path, "/observables")
             absent = [p for p in schema.paths
