@@ -205,8 +205,12 @@ def dtype_name(dtype: np.dtype) -> str:
 
 
 def dtype_from_name(name: str) -> np.dtype:
-    if name == "bfloat16":
-        import ml_dtypes
+    """The dtype a schema or file names: an ml_dtypes type (public name) or a numpy dtype string."""
+    import ml_dtypes
 
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
+    try:
+        if isinstance(name, str) and not name.startswith("_") and isinstance(getattr(ml_dtypes, name, None), type):
+            return np.dtype(getattr(ml_dtypes, name))
+        return np.dtype(name)
+    except (TypeError, ValueError) as exc:
+        raise JaxlogError(f"unknown dtype {name!r} in file ({exc})") from None

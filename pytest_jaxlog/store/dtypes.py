@@ -14,7 +14,7 @@ import ml_dtypes  # noqa: F401  (registers bfloat16/float8/int4 names with numpy
 import numpy as np
 
 from ..errors import JaxlogError
-from ..record.frames import Frames, Schema
+from ..record.frames import Frames, Schema, dtype_from_name
 
 DTYPE_ATTR = "jaxlog_dtype"
 KEY_IMPL_ATTR = "jaxlog_key_impl"
@@ -55,16 +55,6 @@ def encode(values: np.ndarray) -> np.ndarray:
     """Values as stored: a free view for ml_dtypes, the array itself otherwise (no copy)."""
     stored, name = storage_dtype(values.dtype)
     return values.view(stored) if name is not None else values
-
-
-def dtype_from_name(name: str) -> np.dtype:
-    """The dtype a file names: an ml_dtypes type (public name) or a numpy dtype string."""
-    try:
-        if isinstance(name, str) and not name.startswith("_") and isinstance(getattr(ml_dtypes, name, None), type):
-            return np.dtype(getattr(ml_dtypes, name))
-        return np.dtype(name)
-    except (TypeError, ValueError) as exc:
-        raise JaxlogError(f"unknown dtype {name!r} in file ({exc})") from None
 
 
 def decode(stored: np.ndarray, name: str | None) -> np.ndarray:

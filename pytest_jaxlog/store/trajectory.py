@@ -23,10 +23,10 @@ import h5py
 import numpy as np
 
 from ..errors import JaxlogError
-from ..record.frames import FORMAT_VERSION, Frames, Schema
+from ..record.frames import FORMAT_VERSION, Frames, Schema, dtype_from_name
 from ..record.records import leaf_paths
 from . import h5safe
-from .dtypes import DTYPE_ATTR, KEY_IMPL_ATTR, check_leaf_dtype, decode, dtype_from_name, storage_dtype
+from .dtypes import DTYPE_ATTR, KEY_IMPL_ATTR, check_leaf_dtype, decode, storage_dtype
 from .hdf5 import CRC_ATTR, HDF5Writer, json_crc32
 from .sink import STATUSES
 
