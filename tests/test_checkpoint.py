@@ -257,3 +257,35 @@ def test_the_cli_lists_checkpoints_and_a_timeline_without_window_gives_steps_per
     r = subprocess.run([sys.executable, "-m", "pytest_jaxlog", "trace", str(trace)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert f"steps: {last} in " in r.stdout and "steps/s from the run's timeline" in r.stdout
+
+
+def test_a_stored_state_is_read_alone_and_a_damaged_one_does_not_hide_the_others(tmp_path, reference):
+    """``Trajectory.state(k)`` reads the snapshot at ``k`` only: with the checkpoint at step 25
+    damaged (a flipped byte under its checksum), the one at 100 still comes back, equal to a run
+    of 100 steps, and asking for 25 names the damage; a resume from 50 still works."""
+    import shutil
+
+    import h5py
+
+    path = tmp_path / "t.h5"
+    shutil.copy(reference[0], path)
+    with h5py.File(path, "r") as f:
+        ds = f["jaxlog/attachments/checkpoint/25/state/x"]
+        offset = ds.id.get_chunk_info(0).byte_offset
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        byte = fh.read(1)
+        fh.seek(offset)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    traj = jl.load(path)
+    assert traj.attachment_steps("checkpoint") == list(range(25, 201, 25))
+    at100 = traj.state(100, like=S0)
+    short = _run(tmp_path / "short.h5", 100)
+    np.testing.assert_array_equal(at100.x, short.state.x)
+    np.testing.assert_array_equal(jax.random.key_data(at100.key), jax.random.key_data(short.state.key))
+    with pytest.raises(jl.JaxlogError, match=r"checkpoint/25/state/x.*damaged"):
+        traj.state(25)
+    resumed = jl.resume(path, walk, 200, like=S0, from_step=50, key=KEY, record=RECORD, invariants=INVARIANTS,
+                        dt=0.01, checkpoint=jl.every(25), chunk=13, progress=False)
+    np.testing.assert_array_equal(resumed.state.x, reference[1].state.x)
+    assert 25 not in jl.load(path).attachment_steps("checkpoint")  # the damaged one is not copied

@@ -283,3 +283,40 @@ def test_throughput_leaves_out_the_first_dispatch_that_compiled():
     warm.timings.assert_faster_than(cold.timings, ratio=1e-9)
     with pytest.raises(jl.TimingAssertionError, match="throughput"):  # and its steps_per_s is what is compared
         cold.timings.assert_faster_than(warm, ratio=1e9)
+
+
+# ---------------------------------------------------------------- dispatches
+
+
+class _Window(NamedTuple):
+    start: int
+    stop: int
+
+
+def test_a_million_one_step_dispatches_are_made_as_the_run_goes_not_listed_up_front():
+    """``chunk=1`` over 10**6 steps with a profile window and checkpoints: the dispatches cover
+    every step once, in order, window steps one by one, a dispatch ending at each checkpoint step,
+    and making them holds no list of them (a list of a million cost ~100 MB and 0.3 s up front)."""
+    import tracemalloc
+
+    from pytest_jaxlog.drive.run import _segments
+
+    steps, window = 10**6, _Window(1000, 1009)
+    tracemalloc.start()
+    try:
+        segs = _segments(0, steps, 1, (window,), jl.every(250_000))
+        first = [next(segs) for _ in range(3)]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 16, f"{peak} bytes held to begin dispatching"
+    k, n_win, ends = 0, 0, []
+    for seg in [*first, *segs]:
+        assert seg.k0 == k and seg.length == 1
+        n_win += seg.window is window
+        assert (seg.window is window) == (window.start <= seg.k0 <= window.stop)
+        k += seg.length
+    assert k == steps and n_win == 10
+    chunked = list(_segments(0, 1000, 300, (window,), jl.every(250)))
+    assert [(s.k0, s.length) for s in chunked] == [(0, 250), (250, 50), (300, 200), (500, 100), (600, 150),
+                                                  (750, 150), (900, 100)]

@@ -68,15 +68,29 @@ def step_name(step: Any) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
 
 
-def checkpoints(traj: Any) -> dict[int, tuple[dict, CheckpointMeta]]:
-    """The file's complete checkpoints: ``{step: (state paths, meta)}``, oldest first. A
-    checkpoint group a killed writer left half-written does not read: it is no checkpoint."""
-    out = {}
-    for step, flat in traj.attachment(NAME, skip_damaged=True).items():
-        if META in flat:
-            meta = CheckpointMeta.decode(flat[META], f"{traj.path} checkpoint at step {step}")
-            out[step] = ({p: v for p, v in flat.items() if p != META}, meta)
-    return out
+@dataclass(frozen=True)
+class Checkpoint:
+    """One complete checkpoint of a file: the state's arrays by path (typed keys as key data,
+    with their impls) and what else the run needs (``meta``)."""
+
+    step: int
+    state: dict[str, np.ndarray]
+    key_impls: dict[str, str]
+    meta: CheckpointMeta
+
+
+def checkpoint_at(traj: Any, step: int) -> Checkpoint | None:
+    """The file's checkpoint at ``step``, read alone; None where there is none. A checkpoint
+    group a killed writer left half-written does not read: it is no checkpoint."""
+    try:
+        snap = traj.snapshot(NAME, step)
+    except JaxlogError:
+        return None
+    if snap is None or META not in snap.arrays:
+        return None
+    meta = CheckpointMeta.decode(snap.arrays[META], f"{traj.path} checkpoint at step {step}")
+    return Checkpoint(step=step, state={p: v for p, v in snap.arrays.items() if p != META},
+                      key_impls=snap.key_impls, meta=meta)
 
 
 @dataclass(frozen=True)
@@ -88,37 +102,48 @@ class ResumePoint:
     meta: CheckpointMeta
 
 
-def prepare(path: str | os.PathLike, from_step: int | None) -> tuple[Any, ResumePoint, dict]:
-    """Open the trajectory at ``path`` for a resume: the checkpoint to continue from (the newest,
-    or ``from_step``) and its stored state. The old file gets a second name, so it can be read
-    while the resumed run's new file replaces it."""
+@dataclass(frozen=True)
+class Resumable:
+    """What ``prepare`` found: where the run goes on, and the checkpoint it goes on from."""
+
+    point: ResumePoint
+    checkpoint: Checkpoint
+
+
+def prepare(path: str | os.PathLike, from_step: int | None) -> Resumable:
+    """Open the trajectory at ``path`` for a resume: the checkpoint to continue from (the newest
+    whose frames all read, or ``from_step``), read alone, newest first. The old file gets a
+    second name, so it can be read while the resumed run's new file replaces it."""
     from ..store.trajectory import load
 
     path = Path(path)
     traj = load(path)
-    found = checkpoints(traj)
+    stored = traj.attachment_steps(NAME)
     if traj.status == "complete" and traj.stop_reason in (None, "steps", "until") and from_step is None:
         raise JaxlogError(f"{path}: the run ended complete at step {traj.steps_done} "
                           f"({traj.stop_reason or 'steps'}): there is nothing to resume")
-    if not found:
-        raise JaxlogError(f"{path} holds no checkpoint to resume from (run with checkpoint=jl.every(n))")
-    if from_step is not None and from_step not in found:
-        raise JaxlogError(f"{path} has no checkpoint at step {from_step} (checkpoints: {sorted(found)})")
-    damage = None
-    for step in sorted(found, reverse=True) if from_step is None else [int(from_step)]:
+    damage, found = None, None
+    for step in reversed(stored) if from_step is None else [int(from_step)]:
+        found = checkpoint_at(traj, step)
+        if found is None:
+            continue
         try:  # every frame up to it must read: a kill while a chunk holding them was rewritten damages it
             copy_frames(path, step, traj.schema, lambda frames: None)
             break
         except JaxlogError as exc:
-            damage = exc
-    else:
+            damage, found = exc, None
+    if found is None:
+        if from_step is not None and damage is None:
+            complete = [s for s in stored if checkpoint_at(traj, s) is not None]
+            raise JaxlogError(f"{path} has no checkpoint at step {from_step} (checkpoints: {complete})")
+        if damage is None:
+            raise JaxlogError(f"{path} holds no checkpoint to resume from (run with checkpoint=jl.every(n))")
         raise JaxlogError(f"{path}: no checkpoint has all its frames intact, nothing to resume from ({damage})")
-    flat, meta = found[step]
     source = path.with_name(f".{path.name}.resume-{os.getpid()}")
     if source.exists():
         source.unlink()
     os.link(path, source)
-    return traj, ResumePoint(source=source, step=step, meta=meta), flat
+    return Resumable(point=ResumePoint(source=source, step=found.step, meta=found.meta), checkpoint=found)
 
 
 def check_against(point: ResumePoint, *, step_fn: Any, schema: Any, state: Any, key: Any, dt: Any,
@@ -225,7 +250,12 @@ def copy_attachments(source: Path, upto: int, attach) -> None:
 
     old = load(source)
     for name in (NAME, "postmortem"):
-        impls = old.attachment_key_impls(name)
-        for step, tree in old.attachment(name, skip_damaged=True).items():
-            if step <= upto:
-                attach(name, step, tree, key_impls={p: i for p, i in impls.items() if p in tree} or None)
+        for step in old.attachment_steps(name):
+            if step > upto:
+                continue
+            try:
+                snap = old.snapshot(name, step)
+            except JaxlogError:  # one a killed writer was writing: not a snapshot
+                continue
+            if snap is not None:
+                attach(name, step, snap.arrays, key_impls=snap.key_impls or None)

@@ -33,13 +33,14 @@ def resume(path: str | os.PathLike, step: Callable, steps: int, *, like: Any = N
     for taken in ("state", "start_step", "_resume"):
         if taken in kwargs:
             raise JaxlogError(f"resume(): {taken}= comes from the file's checkpoint, not from the caller")
-    traj, point, flat = prepare(path, from_step)
+    found = prepare(path, from_step)
+    point = found.point
     try:
         if steps < point.step:
             raise JaxlogError(f"resume({path}, steps={steps}): the checkpoint is at step {point.step}, past the "
                               "run's total: steps is the whole run's length")
         where = f"{path} checkpoint at step {point.step}"
-        state = rebuild_state(flat, traj.attachment_key_impls("checkpoint"), like, point.meta, where)
+        state = rebuild_state(found.checkpoint.state, found.checkpoint.key_impls, like, point.meta, where)
         extra = list(sinks) if isinstance(sinks, (list, tuple)) else [sinks]
         file_sink = HDF5Writer(Path(path), **(writer or {}))
         result = run(step, state, steps - point.step, start_step=point.step, sinks=[file_sink, *extra],

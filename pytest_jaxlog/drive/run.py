@@ -13,7 +13,7 @@ import dataclasses
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -130,24 +130,32 @@ def _capacity(cfg: "RunConfig", schema: Schema) -> int:
     return max(2, min(cfg.chunk, cfg.steps))
 
 
-def _segments(start: int, end: int, chunk: int, windows, checkpoint: Schedule | None = None) -> list[tuple[int, int, Any]]:
-    """(k0, length, window or None) covering work steps start..end-1; window steps one by one;
-    a chunk ends at every checkpoint step (the state there is a chunk's output)."""
-    out = _chunks(start, end, chunk, windows)
-    if checkpoint is None:
-        return out
-    split = []
-    for k0, n, w in out:
+class Segment(NamedTuple):
+    """One dispatch of the chunk program: ``length`` work steps from ``k0``, inside profile
+    ``window`` (its steps go one at a time) or not (None)."""
+
+    k0: int
+    length: int
+    window: Any
+
+
+def _segments(start: int, end: int, chunk: int, windows, checkpoint: Schedule | None = None) -> Iterator[Segment]:
+    """The dispatches covering work steps start..end-1, made as the run goes (a ``chunk=1`` run
+    of a million steps holds no list of a million); a chunk ends at every checkpoint step (the
+    state there is a chunk's output)."""
+    for seg in _chunks(start, end, chunk, windows):
+        if checkpoint is None:
+            yield seg
+            continue
+        k0, n = seg.k0, seg.length
         for c in checkpoint.steps_between(k0 + 1, k0 + n - 1):
-            split.append((k0, int(c) - k0, w))
+            yield Segment(k0, int(c) - k0, seg.window)
             n -= int(c) - k0
             k0 = int(c)
-        split.append((k0, n, w))
-    return split
+        yield Segment(k0, n, seg.window)
 
 
-def _chunks(start: int, end: int, chunk: int, windows) -> list[tuple[int, int, Any]]:
-    out = []
+def _chunks(start: int, end: int, chunk: int, windows) -> Iterator[Segment]:
     k = start
     for w in windows:
         lo, hi = max(w.start, start), min(w.stop, end - 1)
@@ -155,16 +163,15 @@ def _chunks(start: int, end: int, chunk: int, windows) -> list[tuple[int, int, A
             continue
         while k < lo:
             n = min(chunk, lo - k)
-            out.append((k, n, None))
+            yield Segment(k, n, None)
             k += n
         for j in range(lo, hi + 1):
-            out.append((j, 1, w))
+            yield Segment(j, 1, w)
         k = hi + 1
     while k < end:
         n = min(chunk, end - k)
-        out.append((k, n, None))
+        yield Segment(k, n, None)
         k += n
-    return out
 
 
 @jax.jit
@@ -482,10 +489,11 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
         pipe.bind(schema)
         # a program that ran before in this process compiles nothing and fails on nothing: its
         # first chunk runs while the sinks open (file creation costs milliseconds, as a short run)
-        segs = _segments(start_step, end, chunk, windows, cfg.checkpoint)
-        if not segs and first_flags:  # no step to run: the initial state's frame (and until=) only
-            segs = [(start_step, 0, None)]
-        warm = bool(segs) and cfg.resume is None and (plan, signature) in _WARM
+        if end > start_step:
+            segs = _segments(start_step, end, chunk, windows, cfg.checkpoint)
+        else:  # no step to run: the initial state's frame (and until=) only
+            segs = iter([Segment(start_step, 0, None)] if first_flags else [])
+        warm = (end > start_step or bool(first_flags)) and cfg.resume is None and (plan, signature) in _WARM
         if not warm:
             pipe.open_sinks(schema, meta)
         if cfg.resume is not None:  # the old file's frames, checkpoints and invariants up to the checkpoint
@@ -614,7 +622,7 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
                           stepping_s=stepping_s)
     result = Run(cur, written_step, timings, violation, {**pipe.artifacts, **window_artifacts}, schema, chunk,
                  status, pipe, stop_reason=stop_reason, systems_done=systems_done,
-                 _chunk_program=chunk_program if segs else None)
+                 _chunk_program=chunk_program)
     if violation is not None:
         violation.jaxlog_run = result
         if cfg.on_violation == "raise":

@@ -94,6 +94,14 @@ def _read(ds: h5py.Dataset, n: int, index: Any) -> np.ndarray:
     return np.asarray(block)[(local, *rest)]
 
 
+class Snapshot(NamedTuple):
+    """One stored state (a checkpoint, a post-mortem state): its arrays by path, and the PRNG
+    impl of each path whose array is key data."""
+
+    arrays: dict[str, np.ndarray]
+    key_impls: dict[str, str]
+
+
 class _LeafData(NamedTuple):
     step: h5py.Dataset
     value: h5py.Dataset
@@ -327,13 +335,13 @@ class Trajectory:
         keys wrapped again; the types come from ``like``, never from the file (opening a file
         runs no code). Without ``like``: nested dicts of numpy arrays.
         """
-        for name in ("checkpoint", "postmortem"):
-            snaps = self.attachment(name)
-            if step in snaps:
-                flat, impls = snaps[step], self.attachment_key_impls(name)
+        for name in ("checkpoint", "postmortem"):  # one snapshot read, not every one stored
+            snap = self.snapshot(name, step)
+            if snap is not None:
+                flat, impls = snap.arrays, snap.key_impls
                 break
         else:
-            stored = sorted(set(self.attachment("checkpoint")) | set(self.postmortem))
+            stored = sorted(set(self.attachment_steps("checkpoint")) | set(self.attachment_steps("postmortem")))
             raise JaxlogError(f"{self.path or 'trajectory'}: no state stored at step {step} "
                               f"(states stored at steps: {stored or 'none'})")
         flat = {p: v for p, v in flat.items() if p == "state" or p.startswith("state/")}
@@ -450,22 +458,51 @@ class Trajectory:
     def attachment(self, name: str, *, skip_damaged: bool = False) -> dict[int, dict[str, np.ndarray]]:
         """Named snapshots: ``{step: {path: array}}`` (empty when none). ``skip_damaged``: leave out
         a snapshot that does not read (one a killed writer was writing) instead of raising."""
-        if self._attachments is not None:
-            return {k: dict(v) for k, v in self._attachments.get(name, {}).items()}
         out: dict[int, dict[str, np.ndarray]] = {}
+        for step in self.attachment_steps(name):
+            try:
+                snap = self.snapshot(name, step)
+            except JaxlogError:
+                if not skip_damaged:
+                    raise
+                continue
+            if snap is not None:
+                out[step] = snap.arrays
+        return out
+
+    def attachment_steps(self, name: str) -> list[int]:
+        """The steps ``name`` has a snapshot at, oldest first (nothing of them is read)."""
+        if self._attachments is not None:
+            return sorted(self._attachments.get(name, {}))
         with _reading(self.path) as f:
             root = _attachments_root(f, self.path, name)
             if root is None:
-                return out
+                return []
+            steps = []
             for step in root.keys():
                 try:
-                    out.update(self._snapshot(root, name, step))
-                except JaxlogError:
-                    if not skip_damaged:
-                        raise
-        return dict(sorted(out.items()))
+                    steps.append(int(step))
+                except ValueError:
+                    raise JaxlogError(f"{self.path}: /jaxlog/attachments/{name}/{step}: attachment steps are "
+                                      f"integers, got {step!r}") from None
+        return sorted(steps)
 
-    def _snapshot(self, root: Any, name: str, step: str) -> dict[int, dict[str, np.ndarray]]:
+    def snapshot(self, name: str, step: int) -> Snapshot | None:
+        """The snapshot ``name`` at ``step`` (None when there is none), read and checked alone:
+        a file of many checkpoints is not read whole to restore one."""
+        if self._attachments is not None:
+            arrays = self._attachments.get(name, {}).get(step)
+            if arrays is None:
+                return None
+            impls = self._attachment_impls.get(name, {})
+            return Snapshot(dict(arrays), {p: i for p, i in impls.items() if p in arrays})
+        with _reading(self.path) as f:
+            root = _attachments_root(f, self.path, name)
+            if root is None or str(step) not in root:
+                return None
+            return self._read_snapshot(root, name, str(step))
+
+    def _read_snapshot(self, root: Any, name: str, step: str) -> Snapshot:
         """One attachment group, read and checked."""
         where = f"/jaxlog/attachments/{name}/{step}"
         try:
@@ -473,14 +510,14 @@ class Trajectory:
         except _READ_ERRORS as exc:
             raise JaxlogError(f"{self.path}: reading {where} failed: the file is damaged "
                               f"({type(exc).__name__}: {exc})") from None
-        try:
-            k = int(step)
-        except ValueError:
-            raise JaxlogError(f"{self.path}: {where}: attachment steps are integers, got {step!r}") from None
         arrays: dict[str, np.ndarray] = {}
+        impls: dict[str, str] = {}
 
         def visit(rel: str, ds: h5py.Dataset, where=where) -> None:
             dname = _attr_text(ds, DTYPE_ATTR, self.path, f"{where}/{rel}")
+            impl = _attr_text(ds, KEY_IMPL_ATTR, self.path, f"{where}/{rel}")
+            if impl is not None:
+                impls[rel] = impl
             if ds.ndim:
                 self._check_chunks(ds, ds.shape[0], f"{where}/{rel}")
             try:
@@ -495,10 +532,10 @@ class Trajectory:
         except _READ_ERRORS as exc:
             raise JaxlogError(f"{self.path}: reading {where} failed: the file is damaged "
                               f"({type(exc).__name__}: {exc})") from None
-        return {k: arrays}
+        return Snapshot(arrays, impls)
 
     def attachment_key_impls(self, name: str) -> dict[str, str]:
-        """PRNG impl per attachment path whose array is key data."""
+        """PRNG impl per attachment path whose array is key data (attributes only: no data read)."""
         if self._attachments is not None or self.path is None:
             return dict(self._attachment_impls.get(name, {}))
         out: dict[str, str] = {}
