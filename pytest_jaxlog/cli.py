@@ -168,7 +168,7 @@ def cmd_info(args) -> int:
     traj = _load(args.file)
     leaves = [_leaf_info(traj, p) for p in traj.records]
     post = traj.postmortem or {}  # read before printing: a damaged or hostile attachment is exit 2
-    checkpoints = sorted(traj.attachment("checkpoint"))
+    checkpoints = traj.attachment_steps("checkpoint")  # listed, not read: a file may hold many large states
     desc = {
         "file": str(args.file),
         "status": getattr(traj, "status", None),

@@ -591,6 +591,29 @@ def test_compiles_count_the_step_function_once_per_run(tmp_path):
 
 
 
+def test_a_first_run_traces_each_view_once_to_resolve_it():
+    """Resolution learns a view's shapes and whether it calls ``jl.log`` from one trace; the
+    chunk program then reads it twice (the initial frame and the loop). A view that logs is
+    traced once more, collecting, and its logs are recorded."""
+    calls = {"plain": 0, "logs": 0}
+
+    def plain(s):
+        calls["plain"] += 1
+        return s["x"] * 2.0
+
+    def logs(s):
+        calls["logs"] += 1
+        jl.log("half", s["x"][0] * 0.5)
+        return s["t"]
+
+    run = jl.run(lambda s: {**s, "x": s["x"] + 1.0, "t": s["t"] + 1}, {"x": jnp.zeros(3), "t": jnp.int32(0)}, 4,
+                 record={"p": plain, "q": logs}, progress=False)
+    assert calls["plain"] == 1 + 2, calls
+    assert calls["logs"] == 1 + 1 + 2, calls
+    np.testing.assert_array_equal(run.trajectory["log/half"], [0.0, 0.5, 1.0, 1.5, 2.0])
+    np.testing.assert_array_equal(run.trajectory["p"][:, 0], [0.0, 2.0, 4.0, 6.0, 8.0])
+
+
 def test_profile_window_outside_a_resumed_run_is_an_error(tmp_path):
     # work steps of this run are 3..8: a window on steps 1..2 (or 2..4) would capture nothing (or
     # part of itself) without a word; refused before any step runs or any profiler starts

@@ -313,6 +313,20 @@ def has_logs(fn: Callable, *args: Any, **kwargs: Any) -> bool:
     return _logs_seen(_trace(fn, args, kwargs, collecting=False))
 
 
+class Shapes(NamedTuple):
+    """What one ordinary trace of a function tells: its output's shapes, and whether it logs."""
+
+    shapes: Any  # the output, as jax.ShapeDtypeStruct leaves
+    logs: bool  # it calls jl.log (then its shapes leave out what it logs: trace it collecting)
+
+
+def shapes_and_logs(fn: Callable, *args: Any) -> Shapes:
+    """``jax.eval_shape(fn, *args)`` and :func:`has_logs` from one trace: a first run traces
+    every view once, not once for each question."""
+    traced = _trace(fn, args, {}, collecting=False)
+    return Shapes(shapes=traced.shapes, logs=_logs_seen(traced))
+
+
 def _logs_seen(traced: "_Traced") -> bool:
     """Whether a trace made without collecting saw ``jl.log``: its Python called it, or its
     program holds the primitive (a jitted function traced before, whose Python did not run
@@ -753,9 +767,13 @@ def _is_dynamic(x: Any) -> bool:
 
 class _Traced(NamedTuple):
     closed: Any
-    out_tree: Any
+    shapes: Any  # the output, as jax.ShapeDtypeStruct leaves
     dynamic: list
     calls: int  # jl.log calls its Python made
+
+    @property
+    def out_tree(self) -> Any:
+        return jax.tree_util.tree_structure(self.shapes)
 
 
 def _trace(fn: Callable, args: tuple, kwargs: dict, collecting: bool = True) -> _Traced:
@@ -775,7 +793,9 @@ def _trace(fn: Callable, args: tuple, kwargs: dict, collecting: bool = True) -> 
     before = getattr(_CALLS, "n", 0)
     with _COLLECTING(collecting):
         closed, shape = jax.make_jaxpr(flat, return_shape=True)(*dynamic)
-    return _Traced(closed, jax.tree_util.tree_structure(shape), dynamic, getattr(_CALLS, "n", 0) - before)
+    shapes = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(shape), [
+        jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in closed.out_avals])
+    return _Traced(closed, shapes, dynamic, getattr(_CALLS, "n", 0) - before)
 
 
 def collect(fn: Callable, *, capacity: int | None = None) -> Callable:
@@ -789,7 +809,8 @@ def collect(fn: Callable, *, capacity: int | None = None) -> Callable:
         raise JaxlogError(f"log capacity must be an int >= 1 or None, got {capacity!r}")
 
     def collected(*args: Any, **kwargs: Any) -> tuple[Any, dict]:
-        closed, out_tree, dynamic, _ = _trace(fn, args, kwargs)
+        traced = _trace(fn, args, kwargs)
+        closed, out_tree, dynamic = traced.closed, traced.out_tree, traced.dynamic
         if not _jaxpr_has_logs(closed.jaxpr):
             outs = jex_core.jaxpr_as_fun(closed)(*dynamic)
             return jax.tree_util.tree_unflatten(out_tree, outs), {}
@@ -807,22 +828,22 @@ def collected_shapes(fn: Callable, *args: Any, capacity: int | None = None) -> t
     milliseconds of every first ``jl.run``). One that logs is traced again, collecting."""
     plain = _trace(fn, args, {}, collecting=False)
     if not _logs_seen(plain):
-        outs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in plain.closed.out_avals]
-        return jax.tree_util.tree_unflatten(plain.out_tree, outs), {}
-    closed, out_tree, dynamic, _ = _trace(fn, args, {})
+        return plain.shapes, {}
+    traced = _trace(fn, args, {})
+    closed, out_tree = traced.closed, traced.out_tree
 
     def run(*dyn: Any) -> tuple[Any, dict]:
         outs, entries = _Interpreter(capacity=capacity).eval(closed.jaxpr, closed.consts, dyn)
         return jax.tree_util.tree_unflatten(out_tree, outs), _finish(entries)
 
-    return jax.eval_shape(run, *dynamic)
+    return jax.eval_shape(run, *traced.dynamic)
 
 
 def _tapped(fn: Callable, callback: Callable) -> Callable:
     def tapped(*args: Any, **kwargs: Any) -> Any:
-        closed, out_tree, dynamic, _ = _trace(fn, args, kwargs)
-        outs, _ = _Interpreter(tap=callback).eval(closed.jaxpr, closed.consts, dynamic)
-        return jax.tree_util.tree_unflatten(out_tree, outs)
+        traced = _trace(fn, args, kwargs)
+        outs, _ = _Interpreter(tap=callback).eval(traced.closed.jaxpr, traced.closed.consts, traced.dynamic)
+        return jax.tree_util.tree_unflatten(traced.out_tree, outs)
 
     return tapped
 

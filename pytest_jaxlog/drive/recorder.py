@@ -24,7 +24,7 @@ from ..record.records import AUX, LOG, normalize_records
 from ..record.schedule import check_count
 from .compiles import run_timings
 from .pipeline import Pipeline
-from .resolve import resolve_schema, with_view_logs
+from .resolve import resolve
 from .signals import sigterm_as_interrupt
 from . import program
 from .program import Lane
@@ -235,8 +235,9 @@ class Recorder:
     _raise_at_exit = False
 
     def _start(self, state: Any) -> None:
-        self.specs = with_view_logs(self.specs, state, self.log_capacity)  # views that call jl.log
-        schema = resolve_schema(self.specs, state, batched=self.batched, dt=self.dt, abstract=_jittable(state))
+        found = resolve(self.specs, state, batched=self.batched, dt=self.dt, abstract=_jittable(state),
+                        log_capacity=self.log_capacity)
+        self.specs, schema = found.lanes, found.schema  # views that call jl.log wrapped to collect
         self._open(schema)
         self._expect = [{leaf.path: (tuple(leaf.shape), np.dtype(leaf.dtype)) for leaf in schema.leaves
                          if leaf.record == spec.name} for spec in self.specs]

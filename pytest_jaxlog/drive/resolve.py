@@ -9,7 +9,7 @@ schema and the paths in the frames cannot disagree.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +19,7 @@ from ..errors import JaxlogError
 from ..record.frames import LeafSpec, Schema
 from ..record.records import AUX, LOG, RecordSpec, leaf_paths
 from ..record.schedule import Every, Schedule
-from .log import collect, has_logs
+from .log import Shapes, collect, has_logs, shapes_and_logs
 
 AUX_SCHEDULE = Every(1, start=1)  # aux comes out of the application k -> k+1: recorded at k+1
 LOG_SCHEDULE = AUX_SCHEDULE  # so do the step's logs
@@ -54,17 +54,6 @@ def _view_logs(view: Callable, state: Any) -> bool:
         raise
     except Exception:  # a view that cannot be traced (a hand-written loop's view of any object) runs
         return False  # eagerly, where jl.log does nothing: there is nothing to collect
-
-
-def with_view_logs(lanes: Sequence[Any], state: Any, capacity: int | None = None) -> tuple[Any, ...]:
-    """``lanes`` with the views that call ``jl.log`` wrapped in :class:`LoggingView` (decided by
-    tracing each view once on ``state``; views without logs stay as they are and cost nothing)."""
-    out = []
-    for lane in lanes:
-        if lane.view is not None and not isinstance(lane.view, LoggingView) and _view_logs(lane.view, state):
-            lane = dataclasses.replace(lane, view=LoggingView(lane.view, capacity))
-        out.append(lane)
-    return tuple(out)
 
 
 def log_schedules(logs: Mapping[str, Any] | None) -> tuple[tuple[str, Schedule], ...]:
@@ -113,10 +102,19 @@ def flatten_view(name: str, tree: Any, *, keys_as_data: bool = True) -> dict[str
     return out
 
 
+class LaneLeaves(NamedTuple):
+    """A lane's schema leaves, or (``logs``) word that its view calls ``jl.log``: then its leaves
+    are those of the view wrapped to collect what it logs."""
+
+    leaves: tuple[LeafSpec, ...]
+    logs: bool = False
+
+
 def lane_leaves(name: str, record: str, schedule: Schedule, read: Callable[..., dict], args: tuple,
-                n_systems: int | None, what: str) -> list[LeafSpec]:
+                n_systems: int | None, what: str, *, find_logs: bool = False) -> LaneLeaves:
     """The schema leaves of one lane: ``read(*args)`` gives its ``{path: value}`` (typed keys
-    kept), traced abstractly with ``args`` as tracers, as in the run; a bad leaf is named."""
+    kept), traced abstractly with ``args`` as tracers, as in the run; a bad leaf is named.
+    ``find_logs``: the same trace also says whether ``read`` calls ``jl.log`` (then no leaves)."""
     impls: dict[str, str] = {}
 
     def traced(*args):
@@ -127,11 +125,14 @@ def lane_leaves(name: str, record: str, schedule: Schedule, read: Callable[..., 
         return out
 
     try:
-        shapes = jax.eval_shape(traced, *args)
+        found = shapes_and_logs(traced, *args) if find_logs else Shapes(jax.eval_shape(traced, *args), logs=False)
     except JaxlogError:
         raise
     except Exception as e:  # the user's view failed while tracing: name it
         raise JaxlogError(f"{what} {name!r} failed on the state: {short_error(e)}") from None
+    if found.logs:
+        return LaneLeaves((), logs=True)
+    shapes = found.shapes
     if not shapes:
         raise JaxlogError(f"{what} {name!r} returned no arrays")
     specs = []
@@ -151,7 +152,7 @@ def lane_leaves(name: str, record: str, schedule: Schedule, read: Callable[..., 
                 f"size {n_systems}, got shape {tuple(leaf.shape)}"
             )
         specs.append(LeafSpec(path, record, shape, np.dtype(dtype), schedule, key_impl))
-    return specs
+    return LaneLeaves(tuple(specs))
 
 
 def n_systems_of(state: Any, batched: bool | int) -> int | None:
@@ -186,40 +187,62 @@ def _sizes(by_size: dict[int, list[str]]) -> str:
     return "; ".join(f"{n}: {', '.join(v)}" for n, v in sorted(by_size.items()))
 
 
-def resolve_schema(lanes: Sequence[Any], state: Any, *, aux: Callable[[Any], Any] | None = None,
-                   logs: Callable[[Any], Any] | None = None, batched: bool | int = False, dt: float | None = None,
-                   abstract: bool = True, per_lane: list | None = None) -> Schema:
+@dataclasses.dataclass(frozen=True)
+class Resolution:
+    """What a run's or a Recorder's lanes produce on a state."""
+
+    lanes: tuple[Any, ...]  # the lanes, views that call jl.log wrapped in LoggingView
+    schema: Schema
+    per_lane: tuple[tuple[LeafSpec, ...], ...]  # each lane's leaves, in lane order (what the record buffers hold)
+
+
+def resolve(lanes: Sequence[Any], state: Any, *, aux: Callable[[Any], Any] | None = None,
+            logs: Callable[[Any], Any] | None = None, batched: bool | int = False, dt: float | None = None,
+            abstract: bool = True, log_capacity: int | None = None) -> Resolution:
     """The schema of ``lanes`` (``drive.program.Lane``: views, aux leaves of ``aux(state)``, the
     step's aux output, or logged values of ``logs(state)``, what the step logs) evaluated on
     ``state``: traced with the state abstract, as the run will (``abstract=False``: a Recorder
-    state that is not a pytree of arrays, which its views see as it is). ``per_lane``: a list
-    that gets each lane's leaves, in lane order (what the chunk program's record buffers hold,
-    without tracing the views again)."""
+    state that is not a pytree of arrays, which its views see as it is). A view that calls
+    ``jl.log`` is found by the trace that gives its shapes (each view is traced once unless it
+    logs) and wrapped in :class:`LoggingView` with ``log_capacity``: its logs are recorded too."""
     n_sys = n_systems_of(state, batched)
     args = (state,) if abstract else ()
-    leaves: list[LeafSpec] = []
+    out_lanes: list = []
+    per_lane: list[tuple[LeafSpec, ...]] = []
     for lane in lanes:
         if lane.log_paths is not None:
             mine = lane_leaves(lane.name, LOG, lane.schedule,
-                               lambda st=state, ln=lane: ln.read(None, None, logs(st)), args, n_sys, "log")
+                               lambda st=state, ln=lane: ln.read(None, None, logs(st)), args, n_sys, "log").leaves
         elif lane.from_aux:
             if aux is None:
                 raise JaxlogError("aux= selects aux leaves, but the step has no aux output (has_aux=True)")
             mine = lane_leaves(lane.name, AUX, lane.schedule,
-                               lambda st=state, ln=lane: _aux_read(ln, aux(st)), args, n_sys, "step aux output")
+                               lambda st=state, ln=lane: _aux_read(ln, aux(st)), args, n_sys, "step aux output").leaves
         else:
-            mine = lane_leaves(lane.name, lane.name, lane.schedule,
-                               lambda st=state, ln=lane: view_values(ln.name, ln.view, st, keys_as_data=False),
-                               args, n_sys, "record")
-        leaves += mine
-        if per_lane is not None:
-            per_lane.append(mine)
-    paths = [leaf.path for leaf in leaves]
+            if not abstract and not isinstance(lane.view, LoggingView) and _view_logs(lane.view, state):
+                lane = dataclasses.replace(lane, view=LoggingView(lane.view, log_capacity))
+            found = lane_leaves(lane.name, lane.name, lane.schedule, _view_read(lane, state), args, n_sys, "record",
+                                find_logs=abstract and not isinstance(lane.view, LoggingView))
+            if found.logs:
+                lane = dataclasses.replace(lane, view=LoggingView(lane.view, log_capacity))
+                found = lane_leaves(lane.name, lane.name, lane.schedule, _view_read(lane, state), args, n_sys, "record")
+            mine = found.leaves
+        out_lanes.append(lane)
+        per_lane.append(mine)
+    paths = [leaf.path for mine in per_lane for leaf in mine]
     dupes = sorted({p for p in paths if paths.count(p) > 1 and p.startswith(LOG + "/")})
     if dupes:
         raise JaxlogError(f"{dupes[0]!r} is logged by more than one of: the step, the record views "
                           f"(give the logs different names)")
-    return Schema(tuple(leaves), batched=n_sys is not None, dt=None if dt is None else float(dt))
+    schema = Schema(tuple(leaf for mine in per_lane for leaf in mine), batched=n_sys is not None,
+                    dt=None if dt is None else float(dt))
+    return Resolution(lanes=tuple(out_lanes), schema=schema, per_lane=tuple(per_lane))
+
+
+def _view_read(lane: Any, state: Any) -> Callable[..., dict]:
+    """A view lane's values with typed keys kept (resolution reads their impl); called on the
+    traced state, or on none (``abstract=False``: the state it closes over)."""
+    return lambda st=state: view_values(lane.name, lane.view, st, keys_as_data=False)
 
 
 def short_error(e: Exception, limit: int = 1500) -> str:

@@ -37,8 +37,8 @@ from .postmortem import replay
 from .chunks import Chunk, Fill, Fills, Reader, any_deleted, merge
 from .program import Lane, Plan
 from .signals import sigterm_as_interrupt
-from .resolve import (AUX_SCHEDULE, LOG_SCHEDULE, log_schedules, n_systems_of, resolve_schema, short_error,
-                      state_key_impls, state_paths, with_view_logs)
+from .resolve import (AUX_SCHEDULE, LOG_SCHEDULE, log_schedules, n_systems_of, resolve, short_error,
+                      state_key_impls, state_paths)
 
 __all__ = ["run", "Run", "auto_chunk"]
 
@@ -716,12 +716,12 @@ def _resolve(cfg: RunConfig, state) -> tuple[Plan, Schema, tuple]:
             raise
         except Exception as e:
             raise JaxlogError(f"until= failed on the state: {short_error(e)}") from None
-    plan = dataclasses.replace(plan, lanes=_log_lanes(cfg, state, sorted(out_shape[2])), collect=bool(out_shape[2]))
+    plan = dataclasses.replace(plan, lanes=_log_lanes(cfg, sorted(out_shape[2])), collect=bool(out_shape[2]))
     aux_fn = (lambda st: traced_step(st)[1]) if cfg.has_aux else None
-    per_lane: list = []
-    schema = resolve_schema(plan.lanes, state, aux=aux_fn, logs=lambda st: traced_step(st)[2], batched=cfg.batched,
-                            dt=cfg.dt, per_lane=per_lane)
-    shapes = tuple({leaf.path: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in mine} for mine in per_lane)
+    found = resolve(plan.lanes, state, aux=aux_fn, logs=lambda st: traced_step(st)[2], batched=cfg.batched,
+                    dt=cfg.dt, log_capacity=cfg.log_capacity)
+    plan, schema = dataclasses.replace(plan, lanes=found.lanes), found.schema
+    shapes = tuple({leaf.path: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in mine} for mine in found.per_lane)
     if ck is not None:
         if len(_RESOLVED) >= 64:
             _RESOLVED.pop(next(iter(_RESOLVED)))
@@ -742,11 +742,11 @@ def _laid_out(plan: Plan, capacity: int) -> Plan:
     return hit
 
 
-def _log_lanes(cfg: RunConfig, state: Any, logged: list[str]) -> tuple[Lane, ...]:
-    """The run's lanes once the step's logs are known: the views that call ``jl.log`` wrapped to
-    collect them, then lanes for the names the step logs, grouped by schedule (``logs=``; the rest
-    every step)."""
-    lanes = with_view_logs(cfg.lanes, state, cfg.log_capacity)
+def _log_lanes(cfg: RunConfig, logged: list[str]) -> tuple[Lane, ...]:
+    """The run's lanes once the step's logs are known: its views and aux selections, then lanes
+    for the names the step logs, grouped by schedule (``logs=``; the rest every step). Views
+    that call ``jl.log`` are found (and wrapped) as they are resolved."""
+    lanes = cfg.lanes
     named = dict(cfg.logs)
     unknown = sorted(set(named) - set(logged))
     if unknown:
