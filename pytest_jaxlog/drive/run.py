@@ -391,6 +391,7 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
         layout.check_sinks(pipe.sinks.sinks)
         meta["processes"] = {"count": shards.process_count(), "index": jax.process_index(),
                              "run_id": shards.shared_run_id(), "layout": layout.to_json()}
+    checkpointer = None if cfg.checkpoint is None else _Checkpointer.of(cfg, pipe, schema, state)
     # buffers go where the state is committed (uncommitted: the default device, and uncommitted too, or
     # the program would compile again for the mix of committed and uncommitted arguments)
     fills = Fills(plan, shapes, device if committed else None, cfg.budget, state_bytes, close_at=cfg.checkpoint,
@@ -474,8 +475,7 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
             if not use_donate:  # the state at the batch's end: the next chunk's start
                 written_state = inflight[0].start_state if inflight else cur
             if cfg.checkpoint is not None and cfg.checkpoint.contains(written_step):
-                saved_at = _checkpoint(cfg, pipe, schema, written_step, written_state, last.out["stopped"],
-                                       systems_done)
+                saved_at = checkpointer.save(written_step, written_state, last.out["stopped"], systems_done)
             if bar is not None:
                 bar.advance(written_step - start_step)
             if stop_reason == "until":  # the chunks dispatched since ran no step
@@ -583,8 +583,8 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
         if (isinstance(exc, KeyboardInterrupt) and cfg.checkpoint is not None and pipe.opened
                 and written_state is not None and written_step > saved_at and checked_through == written_step):
             try:  # one more checkpoint where the frames end, so the run can resume from there
-                _checkpoint(cfg, pipe, schema, written_step, written_state, None if last is None else last.out["stopped"],
-                            systems_done)
+                checkpointer.save(written_step, written_state, None if last is None else last.out["stopped"],
+                                  systems_done)
             except BaseException as e:
                 exc.add_note(f"[jaxlog] no checkpoint at step {written_step} on the way out: {type(e).__name__}: {e}")
         if pipe.opened:
@@ -630,20 +630,36 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
     return result
 
 
-def _checkpoint(cfg: RunConfig, pipe: Pipeline, schema: Schema, step: int, state: Any, stopped: Any,
-                systems_done: np.ndarray | None) -> int:
-    """Attach a checkpoint at ``step`` (every frame up to it was handed to the sinks already);
-    ``stopped``: where until= stopped the run (each system), -1 while it goes on, at that step."""
-    key_data, key_impl = (None, None) if cfg.key is None else key_record(cfg.key)
-    done = None if stopped is None or cfg.until is None else (np.asarray(stopped) >= 0).tolist()
-    saved = pipe.watch.save()
-    meta = CheckpointMeta(step=step, step_fn=step_name(cfg.step), key=key_data, key_impl=key_impl,
-                          invariants=saved["invariants"], active=saved["active"], violation=saved["violation"],
-                          done=done, systems_done=None if systems_done is None else systems_done.tolist(),
-                          state_leaves=state_leaves(state), treedef=str(jax.tree_util.tree_structure(state)),
-                          x64=bool(jax.config.jax_enable_x64), schema=schema.to_json(), dt=cfg.dt)
-    pipe.sinks.attach(CHECKPOINT, step, {**state_paths(state), META: meta.encode()}, key_impls=state_key_impls(state))
-    return step
+@dataclasses.dataclass(frozen=True)
+class _Checkpointer:
+    """What every checkpoint of a run says the same (the key, the step function, the state's
+    structure, the schema), worked out once per run: a checkpoint adds only what changed."""
+
+    pipe: Pipeline
+    template: CheckpointMeta
+    key_impls: dict[str, str]
+    until: bool
+
+    @classmethod
+    def of(cls, cfg: RunConfig, pipe: Pipeline, schema: Schema, state: Any) -> "_Checkpointer":
+        key_data, key_impl = (None, None) if cfg.key is None else key_record(cfg.key)
+        template = CheckpointMeta(step=0, step_fn=step_name(cfg.step), key=key_data, key_impl=key_impl,
+                                  invariants=[], active=[], violation=None, done=None, systems_done=None,
+                                  state_leaves=state_leaves(state), treedef=str(jax.tree_util.tree_structure(state)),
+                                  x64=bool(jax.config.jax_enable_x64), schema=schema.to_json(), dt=cfg.dt)
+        return cls(pipe, template, state_key_impls(state), cfg.until is not None)
+
+    def save(self, step: int, state: Any, stopped: Any, systems_done: np.ndarray | None) -> int:
+        """Attach a checkpoint at ``step`` (every frame up to it was handed to the sinks already);
+        ``stopped``: where until= stopped the run (each system), -1 while it goes on, at that step."""
+        saved = self.pipe.watch.save()
+        meta = dataclasses.replace(
+            self.template, step=step, invariants=saved["invariants"], active=saved["active"],
+            violation=saved["violation"],
+            done=None if stopped is None or not self.until else (np.asarray(stopped) >= 0).tolist(),
+            systems_done=None if systems_done is None else systems_done.tolist())
+        self.pipe.sinks.attach(CHECKPOINT, step, {**state_paths(state), META: meta.encode()}, key_impls=self.key_impls)
+        return step
 
 
 def _resume_into(cfg: RunConfig, pipe: Pipeline, schema: Schema, stopped: np.ndarray,
