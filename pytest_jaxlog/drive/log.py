@@ -826,8 +826,8 @@ def collected_shapes(fn: Callable, *args: Any, capacity: int | None = None) -> t
     traced once, without collecting (see ``_logs_seen``), and takes its shapes from that trace:
     evaluating the program again under ``eval_shape`` cost several times the trace (tens of
     milliseconds of every first ``jl.run``). One that logs is traced again, collecting."""
-    plain = _trace(fn, args, {}, collecting=False)
-    if not _logs_seen(plain):
+    plain = shapes_and_logs(fn, *args)
+    if not plain.logs:
         return plain.shapes, {}
     traced = _trace(fn, args, {})
     closed, out_tree = traced.closed, traced.out_tree

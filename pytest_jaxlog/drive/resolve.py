@@ -103,8 +103,8 @@ def flatten_view(name: str, tree: Any, *, keys_as_data: bool = True) -> dict[str
 
 
 class LaneLeaves(NamedTuple):
-    """A lane's schema leaves, or (``logs``) word that its view calls ``jl.log``: then its leaves
-    are those of the view wrapped to collect what it logs."""
+    """A lane's schema leaves. ``logs``: its view calls ``jl.log``, so there are none yet: its
+    leaves are those of the view wrapped to collect what it logs (``LoggingView``)."""
 
     leaves: tuple[LeafSpec, ...]
     logs: bool = False
