@@ -225,8 +225,6 @@ def _chunk_program_loop(step, state, record, steps: int, per_dispatch: int = 1, 
     time, chaining its buffers as the driver does, and does nothing else: with one step, the
     dispatch that a ``chunk=1`` run cannot avoid; with the whole run, the device program alone.
     ``initial``: the first dispatch records the initial state, as a run's first chunk does."""
-    import dataclasses
-
     from pytest_jaxlog.drive import program
     from pytest_jaxlog.drive import run as driver
 

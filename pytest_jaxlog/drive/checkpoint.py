@@ -250,12 +250,7 @@ def copy_attachments(source: Path, upto: int, attach) -> None:
 
     old = load(source)
     for name in (NAME, "postmortem"):
-        for step in old.attachment_steps(name):
-            if step > upto:
-                continue
-            try:
-                snap = old.snapshot(name, step)
-            except JaxlogError:  # one a killed writer was writing: not a snapshot
-                continue
-            if snap is not None:
-                attach(name, step, snap.arrays, key_impls=snap.key_impls or None)
+        for snap in old.snapshots(name, skip_damaged=True):  # oldest first: none past upto is read
+            if snap.step > upto:
+                break
+            attach(name, snap.step, snap.arrays, key_impls=snap.key_impls or None)

@@ -626,10 +626,10 @@ class HDF5Writer:
         is copied from its template (see ``_Template``)."""
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}-{secrets.token_hex(4)}{TMP_SUFFIX}")
         frames = _frames_per_leaf(schema, meta) if self.expected_frames is None else self.expected_frames
-        key = self._layout_key(schema, frames)
-        template = _TEMPLATES.get(key)
         self._texts = {"format_version": _json(FORMAT_VERSION), "schema": _json(schema.to_json()),
                        "provenance": _json(meta.get("provenance")), "meta": _json(meta), "violation": _json(None)}
+        key = self._layout_key(self._texts["schema"], frames)
+        template = _TEMPLATES.get(key)
         own = (len(self._texts["provenance"]) + len(self._texts["meta"])) * 2 + _LAYOUT_BYTES
         f = None
         try:
@@ -685,11 +685,11 @@ class HDF5Writer:
         except Exception:  # noqa: BLE001  (no user name in this environment: an H5MD author is still needed)
             return "unknown"
 
-    def _layout_key(self, schema: Schema, frames: dict) -> str:
+    def _layout_key(self, schema_text: str, frames: dict) -> str:
         """Everything the file's layout depends on: equal keys, byte-equal layouts."""
         from .. import __version__
 
-        return _json([schema.to_json(), sorted(frames.items()), self.compression, self.compression_opts,
+        return _json([schema_text, sorted(frames.items()), self.compression, self.compression_opts,
                       self.shuffle, self.checksums, self._author(), self.particles, __version__,
                       h5py.version.hdf5_version, LIBVER])
 

@@ -17,7 +17,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 import h5py
 import numpy as np
@@ -95,9 +95,10 @@ def _read(ds: h5py.Dataset, n: int, index: Any) -> np.ndarray:
 
 
 class Snapshot(NamedTuple):
-    """One stored state (a checkpoint, a post-mortem state): its arrays by path, and the PRNG
-    impl of each path whose array is key data."""
+    """One stored state (a checkpoint, a post-mortem state): its step, its arrays by path, and
+    the PRNG impl of each path whose array is key data."""
 
+    step: int
     arrays: dict[str, np.ndarray]
     key_impls: dict[str, str]
 
@@ -458,17 +459,25 @@ class Trajectory:
     def attachment(self, name: str, *, skip_damaged: bool = False) -> dict[int, dict[str, np.ndarray]]:
         """Named snapshots: ``{step: {path: array}}`` (empty when none). ``skip_damaged``: leave out
         a snapshot that does not read (one a killed writer was writing) instead of raising."""
-        out: dict[int, dict[str, np.ndarray]] = {}
-        for step in self.attachment_steps(name):
-            try:
-                snap = self.snapshot(name, step)
-            except JaxlogError:
-                if not skip_damaged:
-                    raise
-                continue
-            if snap is not None:
-                out[step] = snap.arrays
-        return out
+        return {snap.step: snap.arrays for snap in self.snapshots(name, skip_damaged=skip_damaged)}
+
+    def snapshots(self, name: str, *, skip_damaged: bool = False) -> Iterator[Snapshot]:
+        """Named snapshots one at a time, oldest first (the file opened once); ``skip_damaged``
+        as in :meth:`attachment`."""
+        if self._attachments is not None:
+            for step in self.attachment_steps(name):
+                yield self.snapshot(name, step)
+            return
+        with _reading(self.path) as f:
+            root = _attachments_root(f, self.path, name)
+            for step in [] if root is None else _steps_in(root, self.path, name):
+                try:
+                    snap = self._read_snapshot(root, name, step)
+                except JaxlogError:
+                    if not skip_damaged:
+                        raise
+                    continue
+                yield snap
 
     def attachment_steps(self, name: str) -> list[int]:
         """The steps ``name`` has a snapshot at, oldest first (nothing of them is read)."""
@@ -476,16 +485,7 @@ class Trajectory:
             return sorted(self._attachments.get(name, {}))
         with _reading(self.path) as f:
             root = _attachments_root(f, self.path, name)
-            if root is None:
-                return []
-            steps = []
-            for step in root.keys():
-                try:
-                    steps.append(int(step))
-                except ValueError:
-                    raise JaxlogError(f"{self.path}: /jaxlog/attachments/{name}/{step}: attachment steps are "
-                                      f"integers, got {step!r}") from None
-        return sorted(steps)
+            return [] if root is None else _steps_in(root, self.path, name)
 
     def snapshot(self, name: str, step: int) -> Snapshot | None:
         """The snapshot ``name`` at ``step`` (None when there is none), read and checked alone:
@@ -495,18 +495,18 @@ class Trajectory:
             if arrays is None:
                 return None
             impls = self._attachment_impls.get(name, {})
-            return Snapshot(dict(arrays), {p: i for p, i in impls.items() if p in arrays})
+            return Snapshot(step, dict(arrays), {p: i for p, i in impls.items() if p in arrays})
         with _reading(self.path) as f:
             root = _attachments_root(f, self.path, name)
             if root is None or str(step) not in root:
                 return None
-            return self._read_snapshot(root, name, str(step))
+            return self._read_snapshot(root, name, step)
 
-    def _read_snapshot(self, root: Any, name: str, step: str) -> Snapshot:
+    def _read_snapshot(self, root: Any, name: str, step: int) -> Snapshot:
         """One attachment group, read and checked."""
         where = f"/jaxlog/attachments/{name}/{step}"
         try:
-            g = h5safe.group(h5safe.child(root, step, self.path, where), self.path, where)
+            g = h5safe.group(h5safe.child(root, str(step), self.path, where), self.path, where)
         except _READ_ERRORS as exc:
             raise JaxlogError(f"{self.path}: reading {where} failed: the file is damaged "
                               f"({type(exc).__name__}: {exc})") from None
@@ -532,28 +532,13 @@ class Trajectory:
         except _READ_ERRORS as exc:
             raise JaxlogError(f"{self.path}: reading {where} failed: the file is damaged "
                               f"({type(exc).__name__}: {exc})") from None
-        return Snapshot(arrays, impls)
+        return Snapshot(step, arrays, impls)
 
     def attachment_key_impls(self, name: str) -> dict[str, str]:
-        """PRNG impl per attachment path whose array is key data (attributes only: no data read)."""
+        """PRNG impl per attachment path whose array is key data, over all of ``name``'s snapshots."""
         if self._attachments is not None or self.path is None:
             return dict(self._attachment_impls.get(name, {}))
-        out: dict[str, str] = {}
-        with _reading(self.path) as f:
-            root = _attachments_root(f, self.path, name)
-            if root is None:
-                return out
-            for step in root.keys():
-                where = f"/jaxlog/attachments/{name}/{step}"
-                g = h5safe.group(h5safe.child(root, step, self.path, where), self.path, where)
-
-                def visit(rel: str, ds: h5py.Dataset, where=where) -> None:
-                    impl = _attr_text(ds, KEY_IMPL_ATTR, self.path, f"{where}/{rel}")
-                    if impl is not None:
-                        out[rel] = impl
-
-                h5safe.walk_datasets(g, self.path, where, visit)
-        return out
+        return {p: impl for snap in self.snapshots(name) for p, impl in snap.key_impls.items()}
 
     @property
     def postmortem(self) -> dict[int, dict[str, np.ndarray]]:
@@ -587,9 +572,8 @@ class Trajectory:
                     root = _attachments_root(f, self.path, None)
                     names = set(root) if root is not None else set()
             for name in sorted(names):
-                impls = self.attachment_key_impls(name)
-                for step, tree in self.attachment(name).items():
-                    writer.attach(name, step, tree, key_impls=impls)
+                for snap in self.snapshots(name):
+                    writer.attach(name, snap.step, snap.arrays, key_impls=snap.key_impls)
         except BaseException:
             writer.close("failed", steps_done=self.steps_done)
             raise
@@ -636,6 +620,18 @@ def _reading(path: Path):
             yield f
         except _READ_ERRORS as exc:
             raise JaxlogError(f"{path}: the file is damaged ({type(exc).__name__}: {exc})") from None
+
+
+def _steps_in(root: h5py.Group, file: Path, name: str) -> list[int]:
+    """The steps of the snapshots under an attachment group (group names), sorted."""
+    steps = []
+    for step in root.keys():
+        try:
+            steps.append(int(step))
+        except ValueError:
+            raise JaxlogError(f"{file}: /jaxlog/attachments/{name}/{step}: attachment steps are integers, "
+                              f"got {step!r}") from None
+    return sorted(steps)
 
 
 def _attachments_root(f: h5py.File, file: Path, name: str | None) -> h5py.Group | None:
