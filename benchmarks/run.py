@@ -240,14 +240,14 @@ def _chunk_program_loop(step, state, record, steps: int, per_dispatch: int = 1, 
     stopped = np.full((), -1, np.int32)
 
     def loop():
-        s, fill, rows = state, program.empty_fill(plan), 0
+        s, counts, rows = state, program.empty_counts(plan), 0
         for k in range(0, steps, per_dispatch):
             n = min(per_dispatch, steps - k)
             if rows + n > plan.length:  # the set is full: a fresh one, as the driver takes
-                fill, rows = program.empty_fill(plan), 0
+                counts, rows = program.empty_counts(plan), 0
             flags = program.RECORD_INITIAL if initial and k == 0 else 0
-            out = program.chunk(plan, s, bufs[0], None, np.array([k, n, flags], np.int32), fill, (), stopped)
-            s, bufs[0], fill, rows = out["state"], out["bufs"], out["fill"], rows + n
+            out = program.chunk(plan, s, bufs[0], None, program.control(k, n, rows, flags), counts, (), stopped)
+            s, bufs[0], counts, rows = out["state"], out["bufs"], out["counts"], rows + n
         return jax.block_until_ready(s)
 
     return loop

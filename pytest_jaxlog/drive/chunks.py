@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -61,10 +61,19 @@ class Chunk:
         return self.k0 + self.length
 
 
+class Slot(NamedTuple):
+    """Where a chunk writes: the set's buffers, its first row (the set's rows follow the steps)
+    and the compact lanes' next slots (counted on the device: ``when=`` decides them)."""
+
+    bufs: dict | None
+    row0: int
+    counts: tuple
+
+
 @dataclass
 class Fill:
     """The chunks that wrote into one set of buffers, in step order; ``out`` is the newest one's
-    outputs (the buffers, ``fill``, where ``until=`` stopped the run)."""
+    outputs (the buffers, the compact lanes' counts, where ``until=`` stopped the run)."""
 
     k0: int  # row r of the set is step k0 + r
     flags: int  # the first chunk's flags (whether row 0 / the first slots hold the initial frame)
@@ -106,17 +115,17 @@ class Fills:
         self.full: list[Fill] = []
         self.last_pull = time.perf_counter()
 
-    def next(self, k0: int, length: int, flags: int) -> tuple[dict | None, Any]:
-        """The buffers and ``fill`` for a chunk of ``length`` steps from ``k0``: where the set
-        being filled left off, or a fresh set when the chunk does not fit."""
+    def next(self, k0: int, length: int, flags: int) -> Slot:
+        """Where a chunk of ``length`` steps from ``k0`` writes: on from where the set being
+        filled left off, or into a fresh set when the chunk does not fit."""
         cur = self.current
         if cur is not None and (cur.closed or cur.rows + length > self.capacity):  # pulled after this chunk is dispatched
             self.full.append(cur)
             cur = self.current = None
         if cur is None:
             cur = self.current = Fill(k0, flags)
-            return self._take(), program.empty_fill(self.plan)
-        return cur.out.pop("bufs"), cur.out["fill"]
+            return Slot(self._take(), 0, program.empty_counts(self.plan))
+        return Slot(cur.out.pop("bufs"), k0 - cur.k0, cur.out["counts"])
 
     def dispatched(self, chunk: Chunk, out: dict, reader: "Reader") -> None:
         cur = self.current
@@ -220,6 +229,7 @@ class Reader:
 
     def __init__(self, plan: Plan, shapes: tuple[dict, ...], platform: str, layout: Any = None):
         self.cpu = platform == "cpu"
+        self.until = plan.until is not None
         self.layout = layout  # a run over several processes: each pulls the blocks it writes
         initial = set(plan.initial)
         # per row-buffer path: whether row 0 holds the initial state's frame when a set records it
@@ -230,14 +240,14 @@ class Reader:
         """Accelerators: start the transfer of a full set while the next chunk runs."""
         if self.cpu:
             return
-        for leaf in jax.tree_util.tree_leaves((f.out["bufs"], f.out["fill"])):
+        for leaf in jax.tree_util.tree_leaves((f.out["bufs"], f.out["counts"])):
             leaf.copy_to_host_async()
 
     def pull(self, f: Fill) -> dict:
         """Read ``f``'s rows (blocks until its last chunk ran); sets ``f.ran`` and ``f.frames``.
         Returns the buffers, free for another set."""
-        fill = np.asarray(f.out["fill"])
-        f.ran = ran = int(fill[0])
+        counts = [int(c) for c in f.out["counts"]]
+        f.ran = ran = self._ran(f)
         bufs = f.out.pop("bufs")
         first = bool(f.flags & program.RECORD_INITIAL)
         frames = {}
@@ -249,14 +259,24 @@ class Reader:
                 if steps is None:
                     steps = steps_from[lo] = np.arange(f.k0 + lo, f.k0 + ran + 1, dtype=np.int64)
                 frames[path] = (steps, self._rows(bufs["dense"][path], lo, ran + 1, path))
-        for paths, (vals, steps), count in zip(self.compact, bufs["compact"], fill[1:]):
-            count = int(count)
+        for paths, (vals, steps), count in zip(self.compact, bufs["compact"], counts):
             if count:
                 st = self._rows(steps, 0, count).astype(np.int64)
                 for p in paths:
                     frames[p] = (st, self._rows(vals[p], 0, count, p))
         f.frames = frames
         return bufs
+
+    def _ran(self, f: Fill) -> int:
+        """The steps that ran into ``f``: every step dispatched, unless ``until=`` stopped the
+        run (every system, in batched runs) at a step before the set's end, recording that step
+        and no later one (the chunks dispatched after it run no step)."""
+        if not self.until:
+            return f.rows
+        at = np.asarray(f.out["stopped"])
+        if at.size and bool(np.all(at >= 0)):
+            return max(0, min(f.rows, int(at.max()) - f.k0))
+        return f.rows
 
     def _rows(self, arr: Any, lo: int, hi: int, path: str | None = None) -> Any:
         """Rows ``lo:hi`` of a device buffer as a host array of their own (the buffer stays free

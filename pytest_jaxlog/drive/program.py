@@ -29,10 +29,13 @@ How a chunk of work steps ``k0 .. k0+n-1`` (recording steps ``k0+1 .. k0+n``) ru
   one run in an inner loop that only steps, then the scheduled step runs and records;
 - a sharded state's fresh set of buffers is made inside the program (``bufs=None``), so it is
   laid out as XLA places the views and nothing moves between devices;
-- the control vector ``(k0, n, flags)`` is one small transfer; ``flags`` asks for the initial
-  state's frame (a run's first chunk) and for ``until=`` on the initial state. Both are
-  evaluated inside the program, under a ``cond``, so a run compiles one program, not one per
-  helper;
+- what a dispatch is asked to do (``Control``: the first step, the step count, the row it starts
+  at, whether to record the initial state's frame and check ``until=`` on it) and where the
+  compact lanes' slots are (their counts) come as scalars, each an argument of its own: XLA:CPU
+  compiles every small computation outside the loops into a kernel of its own, ~5 ms each, so
+  slicing a control vector (and stacking the counts again on the way out) cost a first run
+  ~25 ms of compiling. The initial frame and ``until=`` on the initial state are evaluated
+  inside the program, under a ``cond``, so a run compiles one program, not one per helper;
 - a step that calls ``jl.log`` runs under the collector (``drive.log.collect``), which returns
   what it logged beside its output; a step without logs runs as it is;
 - ``until=``: the loop also stops at the first step whose state satisfies the predicate (per
@@ -46,7 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -320,9 +323,28 @@ def buffers(plan: Plan, shapes: tuple[dict, ...], device: Any = None) -> dict:
     return jax.device_put({"dense": dense, "compact": compact}, device)
 
 
-def empty_fill(plan: Plan) -> np.ndarray:
-    """``fill`` for a fresh set of buffers: nothing written."""
-    return np.zeros(1 + len(plan.compact), np.int32)
+class Control(NamedTuple):
+    """What one dispatch runs: ``n`` work steps from step ``k0``, writing from row ``row0`` of its
+    set of buffers (the set's rows follow the steps, so the driver knows it), and whether it
+    records the initial state's frame (row ``row0``, the first slots) and checks ``until=`` on
+    the initial state."""
+
+    k0: np.int32
+    n: np.int32
+    row0: np.int32
+    record_initial: np.bool_
+    check_initial: np.bool_
+
+
+def control(k0: int, n: int, row0: int, flags: int) -> Control:
+    """The scalars of a dispatch (``flags``: ``RECORD_INITIAL`` | ``CHECK_INITIAL``)."""
+    return Control(np.int32(k0), np.int32(n), np.int32(row0), np.bool_(flags & RECORD_INITIAL),
+                   np.bool_(flags & CHECK_INITIAL))
+
+
+def empty_counts(plan: Plan) -> tuple:
+    """The compact lanes' slot counts of a fresh set of buffers: nothing written."""
+    return tuple(np.int32(0) for _ in plan.compact)
 
 
 def buffer_bytes(plan: Plan, shapes: tuple[dict, ...]) -> int:
@@ -359,20 +381,18 @@ def _put_next(ok: Any, buf: dict, steps: Any, count: Any, vals: dict, k: Any) ->
     return _put(buf, vals, count), _put_step(steps, k, count), count + ok.astype(jnp.int32)
 
 
-def chunk_impl(plan: Plan, state, bufs, key, ctl, fill, masks, stopped):
-    """Run up to ``n`` steps from step ``k0`` (``ctl = (k0, n, flags)``), writing records into
-    ``bufs`` (None: zeros made here) from where ``fill = (last row used, count per compact lane)`` says earlier chunks
-    left off (the rows of one set of buffers follow the steps: row ``r`` is step ``k + r`` for the
-    ``k`` where the set's first chunk started). ``stopped``: with ``until=``, the step where the
-    run (per system: each system) stopped, -1 while it goes on; carried from chunk to chunk.
-    Returns the state, the buffers, the new ``fill`` and ``stopped``."""
+def chunk_impl(plan: Plan, state, bufs, key, ctl: Control, counts, masks, stopped):
+    """Run up to ``ctl.n`` steps from step ``ctl.k0``, writing records into ``bufs`` (None: zeros
+    made here) from row ``ctl.row0`` and, per compact lane, from slot ``counts[c]``, where earlier
+    chunks left off. ``stopped``: with ``until=``, the step where the run (per system: each
+    system) stopped, -1 while it goes on; carried from chunk to chunk. Returns the state, the
+    buffers, the new ``counts`` and ``stopped``."""
     lanes = plan.lanes
-    k0, n, flags = ctl[0], ctl[1], ctl[2]
-    row0 = fill[0]
+    k0, n, row0 = ctl.k0, ctl.n, ctl.row0
     if bufs is None:  # a sharded state's first set: zeros laid out as XLA places the views (see drive.chunks)
         bufs = _zeros(plan, state, key)
     dense, compact = bufs["dense"], bufs["compact"]
-    counts = tuple(fill[1 + c] for c in range(len(plan.compact)))
+    counts = tuple(counts)
     slot_of = {i: c for c, (i, _) in enumerate(plan.compact)}
     done = stopped >= 0
 
@@ -392,15 +412,14 @@ def chunk_impl(plan: Plan, state, bufs, key, ctl, fill, masks, stopped):
                     dense = {**dense, **_put({p: dense[p] for p in vals}, vals, row0)}
             return dense, tuple(compact), tuple(counts)
 
-        dense, compact, counts = lax.cond((flags & RECORD_INITIAL) != 0, first_frame, lambda a: a,
-                                          (dense, compact, counts))
+        dense, compact, counts = lax.cond(ctl.record_initial, first_frame, lambda a: a, (dense, compact, counts))
     if plan.until is not None:
         def first_until(args):
             done, stopped = args
             now = until_flags(plan, state)
             return done | now, jnp.where(now & ~done, k0, stopped)
 
-        done, stopped = lax.cond((flags & CHECK_INITIAL) != 0, first_until, lambda a: a, (done, stopped))
+        done, stopped = lax.cond(ctl.check_initial, first_until, lambda a: a, (done, stopped))
 
     tests = {i: device_schedule(lanes[i].schedule) for i, _ in plan.compact}
     mask_of = dict(zip(plan.host_masks, masks))
@@ -528,9 +547,10 @@ def chunk_impl(plan: Plan, state, bufs, key, ctl, fill, masks, stopped):
             return lax.cond(going(j, done, n), record_step, lambda c: c, carry)
 
     carry = (jnp.int32(0), state, done, stopped, dense, compact, counts)
-    ran, state, done, stopped, dense, compact, counts = lax.while_loop(cond, body, carry)
-    return {"state": state, "bufs": {"dense": dense, "compact": compact}, "fill": jnp.stack([row0 + ran, *counts]),
-            "stopped": stopped}
+    _, state, done, stopped, dense, compact, counts = lax.while_loop(cond, body, carry)
+    # the steps that ran are not returned: all ``n`` of them, or, with ``until=``, up to the
+    # step ``stopped`` says (an output computed from the loop's index would be one more kernel)
+    return {"state": state, "bufs": {"dense": dense, "compact": compact}, "counts": counts, "stopped": stopped}
 
 
 @dataclass(frozen=True)

@@ -384,7 +384,7 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
         if cfg.checkpoint is not None or cfg.resume is not None:
             raise JaxlogError("checkpoint= and jl.resume need the whole state on one host; in a run over "
                               f"{shards.process_count()} processes no process holds it")
-        probe = program.abstract((state, None, key, np.zeros(3, np.int32), program.empty_fill(plan), no_masks,
+        probe = program.abstract((state, None, key, program.control(0, 0, 0, 0), program.empty_counts(plan), no_masks,
                                   stopped))
         layout = shards.Layout.of(fn.lower(plan, *probe).compile().output_shardings, plan, schema)
         layout.check_invariants(cfg.invariants, schema)
@@ -404,7 +404,7 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
 
     def one_step(carry, k):  # the post-mortem replay: the run's own program, one step (never donating the state)
         bufs = replay_bufs.pop() if replay_bufs else fills.spare()
-        out = program.chunk(plan, carry[0], bufs, key, np.array([k, 1, 0], np.int32), program.empty_fill(plan),
+        out = program.chunk(plan, carry[0], bufs, key, program.control(k, 1, 0, 0), program.empty_counts(plan),
                             no_masks, carry[1])
         replay_bufs.append(out["bufs"])
         return out["state"], out["stopped"]
@@ -511,8 +511,8 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
             flags = first_flags if n_chunk == 0 else 0
             start_state, start_stopped = cur, stopped
             t0 = now_ns()
-            bufs, fill = fills.next(k0, length, flags)
-            args = (plan, cur, bufs, key, np.array([k0, length, flags], np.int32), fill, masks, stopped)
+            bufs, row0, counts = fills.next(k0, length, flags)
+            args = (plan, cur, bufs, key, program.control(k0, length, row0, flags), counts, masks, stopped)
             if chunk_program is None or (not program_bufs and bufs is not None):  # the program later chunks run
                 chunk_program, program_bufs = (fn, plan, program.Signature.of(args[1:])), bufs is not None
             compiles_before, t_call = (tracker.count, time.perf_counter()) if n_chunk == 0 else (0, 0.0)
