@@ -361,15 +361,24 @@ def compile_child(which: str) -> None:
             fn = scan_with_records(step, energy, positions, steps, initial=True)
             first = timed(lambda: jax.block_until_ready(fn(state)))
             warm = timed(lambda: jax.block_until_ready(fn(state)))
-            other = None
+            other, compiled = None, fn.lower(state).compile()  # from JAX's cache
         else:
             def go(n):
                 return jl.run(step, state, n, record=record, invariants=invs, sinks=[files.writer()], progress=False)
 
             first = timed(lambda: go(steps))
             warm = timed(lambda: go(steps))
-            other = go(1_700).timings.compiles + go(250).timings.compiles
-        print(json.dumps({"first": first, "warm": warm, "other_lengths_compiles": other}))
+            others = [go(1_700), go(250)]
+            other = sum(r.timings.compiles for r in others)
+            compiled = others[-1].compiled_chunk()  # the one program every length ran
+        print(json.dumps({"first": first, "warm": warm, "other_lengths_compiles": other,
+                          "kernels": kernels(compiled.as_text())}))
+
+
+def kernels(hlo: str) -> int:
+    """The kernels of a program compiled by XLA:CPU (its fusions, single operations included):
+    each is compiled on its own, a few milliseconds each, so their number drives compile time."""
+    return len(re.findall(r"= \S+ fusion\(", hlo))
 
 
 def section_compile(args, rows: list[Row]) -> None:
@@ -379,12 +388,13 @@ def section_compile(args, rows: list[Row]) -> None:
         return json.loads(out.stdout.strip().splitlines()[-1])
 
     repeats = max(2, args.repeats if not args.quick else 2)
-    ratio, others, ms = [], [], {"run": [], "scan": []}
+    ratio, others, ms, kernel_counts = [], [], {"run": [], "scan": []}, {"run": [], "scan": []}
     for r in range(repeats):
         pair = {}
         for which in (("scan", "run") if r % 2 == 0 else ("run", "scan")):
             pair[which] = child(which)
             ms[which].append((pair[which]["first"] - pair[which]["warm"]) * 1e3)
+            kernel_counts[which].append(float(pair[which]["kernels"]))
         ratio.append(ms["run"][-1] / ms["scan"][-1])
         others.append(pair["run"]["other_lengths_compiles"])
     rows.append(Row("compile", "first-call compile", "LJ-64, standard workload: first jl.run less a warm one, vs the "
@@ -393,6 +403,11 @@ def section_compile(args, rows: list[Row]) -> None:
     rows.append(Row("compile", "first-call compile, jl.run", "ms: first jl.run less a warm one", ms["run"], unit="ms"))
     rows.append(Row("compile", "first-call compile, scan with records", "ms: first call less a warm one", ms["scan"],
                     unit="ms"))
+    if jax.default_backend() == "cpu":  # what XLA:CPU compiles: the count the compile times follow
+        rows.append(Row("compile", "first-call compile: kernels, jl.run", "kernels XLA:CPU compiles for the run's "
+                        "chunk program", kernel_counts["run"], unit="kernels"))
+        rows.append(Row("compile", "first-call compile: kernels, scan with records", "kernels XLA:CPU compiles for "
+                        "the scan", kernel_counts["scan"], unit="kernels"))
     rows.append(Row("compile", "programs compiled by runs of other lengths", "LJ-64: runs of 1,700 and 250 steps "
                     "after a 1,000-step run", [float(x) for x in others], unit="programs", target=0.0))
 
