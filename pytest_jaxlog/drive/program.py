@@ -508,12 +508,15 @@ def chunk_impl(plan: Plan, state, bufs, key, ctl: Control, counts, masks, stoppe
 
         def body(carry):  # noqa: F811  (the nested loop body)
             j, st, done, stopped, dense, compact, counts = carry
-            at, bound = next_targets(j)  # bound > j: at least one step
+            bound = next_targets(j)[1]  # bound > j: at least one step
             j, st, done, stopped, dense = lax.while_loop(lambda c: going(c[0], c[2], bound), inner,
                                                          (j, st, done, stopped, dense))
             new_compact, new_counts = [], []
-            for (i, m), (buf, steps), count, target in zip(plan.compact, compact, counts, at):
-                take = k0 + j == target  # the state reached is the one this lane was waiting for
+            for (i, m), (buf, steps), count in zip(plan.compact, compact, counts):
+                # whether the state reached is one this lane is scheduled at: asked again rather
+                # than compared with the target found before the inner loop (no state it passed
+                # is scheduled), so the target is not carried through the loop, a kernel less
+                take = tests[i](k0 + j)
                 if lanes[i].when is not None:
                     take = take & when_flag(lanes[i], st)
                 if i in eager:
