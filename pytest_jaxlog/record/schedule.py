@@ -215,12 +215,36 @@ def as_schedule(value: Any, what: str) -> Schedule:
     raise JaxlogError(f"{what}: a schedule must be an int or jl.every/at/window, got {value!r}")
 
 
-def schedule_from_json(data: dict) -> Schedule:
+LARGEST_STORED_STEP = 2**62  # steps a file may name: sums and differences of them stay within int64
+
+
+def schedule_from_json(data: Any) -> Schedule:
+    """A schedule as a file stores it. The file may be hostile: anything else than what
+    ``to_json`` writes is one JaxlogError (the constructors check each field; steps are capped
+    so that step arithmetic stays within int64)."""
+    if not isinstance(data, dict):
+        raise JaxlogError(f"a schedule is an object, got {type(data).__name__}")
     kind = data.get("kind")
-    if kind == "every":
-        return Every(data["n"], data.get("start", 0))
-    if kind == "at":
-        return At(*data["steps"])
-    if kind == "window":
-        return Window(data["start"], data["stop"], data.get("every", 1))
-    raise JaxlogError(f"unknown schedule in file: {data!r}")
+    fields = {"every": ("n", "start"), "at": (), "window": ("start", "stop", "every")}.get(kind) \
+        if isinstance(kind, str) else None
+    if fields is None:
+        raise JaxlogError(f"unknown schedule kind {kind!r}")
+    for key in fields:
+        if key in data and not (is_int(data[key]) and 0 <= data[key] < LARGEST_STORED_STEP):
+            raise JaxlogError(f"schedule {kind} field {key!r} must be an integer >= 0, got {data[key]!r}")
+    try:
+        if kind == "every":
+            return Every(data["n"], data.get("start", 0))
+        if kind == "window":
+            return Window(data["start"], data["stop"], data.get("every", 1))
+    except KeyError as exc:
+        raise JaxlogError(f"schedule {kind} has no field {exc}") from None
+    steps = data.get("steps")
+    if not isinstance(steps, list) or not steps or not all(is_int(k) and 0 <= k < LARGEST_STORED_STEP for k in steps):
+        raise JaxlogError("schedule at needs a list of integer steps >= 0")
+    return At(*steps)
+
+
+def is_int(x: Any) -> bool:
+    """A JSON integer (a bool is not one)."""
+    return isinstance(x, int) and not isinstance(x, bool)

@@ -25,6 +25,7 @@ import numpy as np
 from ..errors import JaxlogError
 from ..record.frames import FORMAT_VERSION, Frames, Schema, dtype_from_name
 from ..record.records import leaf_paths
+from ..record.schedule import is_int, schedule_from_json
 from . import h5safe
 from .dtypes import DTYPE_ATTR, KEY_IMPL_ATTR, check_leaf_dtype, decode, storage_dtype
 from .hdf5 import CRC_ATTR, HDF5Writer, json_crc32
@@ -661,27 +662,6 @@ def _decode_checked(stored: np.ndarray, dname: str | None, file: Path, where: st
     return stored.view(dtype)
 
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _check_schedule(data: Any, where: str) -> None:
-    if not isinstance(data, dict):
-        raise JaxlogError(f"{where}: a schedule is an object, got {type(data).__name__}")
-    kind = data.get("kind")
-    fields = {"every": ("n", "start"), "at": (), "window": ("start", "stop", "every")}.get(kind) \
-        if isinstance(kind, str) else None
-    if fields is None:
-        raise JaxlogError(f"{where}: unknown schedule kind {kind!r}")
-    for key in fields:
-        if key in data and not (_is_int(data[key]) and 0 <= data[key] < 2**62):
-            raise JaxlogError(f"{where}: schedule {kind} field {key!r} must be an integer >= 0, got {data[key]!r}")
-    if kind == "at":
-        steps = data.get("steps")
-        if not isinstance(steps, list) or not steps or not all(_is_int(k) and 0 <= k < 2**62 for k in steps):
-            raise JaxlogError(f"{where}: schedule at needs a list of integer steps >= 0")
-
-
 def _schema_from_json(data: Any, file: Path) -> Schema:
     """The schema, after checking every field it is built from (the file may be hostile)."""
     where = f"{file}: /jaxlog attribute 'schema'"
@@ -702,7 +682,7 @@ def _schema_from_json(data: Any, file: Path) -> Schema:
         if not isinstance(record, str):
             raise JaxlogError(f"{at} ({path!r}): 'record' must be a string")
         shape = leaf.get("shape")
-        if not isinstance(shape, list) or len(shape) >= _MAX_RANK or not all(_is_int(n) and 0 <= n < 2**40 for n in shape):
+        if not isinstance(shape, list) or len(shape) >= _MAX_RANK or not all(is_int(n) and 0 <= n < 2**40 for n in shape):
             raise JaxlogError(f"{at} ({path!r}): shape {shape!r} is not a list of sizes")
         dtype = leaf.get("dtype")
         if not isinstance(dtype, str):
@@ -713,7 +693,10 @@ def _schema_from_json(data: Any, file: Path) -> Schema:
             raise JaxlogError(f"{at}: {exc}") from None
         if leaf.get("key_impl") is not None and not isinstance(leaf.get("key_impl"), str):
             raise JaxlogError(f"{at} ({path!r}): 'key_impl' must be a string or null")
-        _check_schedule(leaf.get("schedule"), f"{at} ({path!r})")
+        try:
+            schedule_from_json(leaf.get("schedule"))
+        except JaxlogError as exc:
+            raise JaxlogError(f"{at} ({path!r}): {exc}") from None
     try:
         return Schema.from_json(data)
     except JaxlogError as exc:
@@ -756,7 +739,7 @@ def _read_info(jl: h5py.Group, file: Path) -> dict[str, Any]:
     if missing:
         raise JaxlogError(f"{file} is not a pytest-jaxlog trajectory: /jaxlog lacks {', '.join(missing)}")
     version = info["format_version"]
-    if not _is_int(version) or version < 1:
+    if not is_int(version) or version < 1:
         raise JaxlogError(f"{file}: /jaxlog attribute 'format_version' is {version!r}, not a version number")
     if version > FORMAT_VERSION:
         raise JaxlogError(
@@ -767,7 +750,7 @@ def _read_info(jl: h5py.Group, file: Path) -> dict[str, Any]:
     if info["status"] not in STATUSES:
         raise JaxlogError(f"{file}: /jaxlog attribute 'status' is {info['status']!r}; expected one of "
                           f"{', '.join(STATUSES)}")
-    if not _is_int(info["steps_done"]) or not 0 <= info["steps_done"] < 2**63:
+    if not is_int(info["steps_done"]) or not 0 <= info["steps_done"] < 2**63:
         raise JaxlogError(f"{file}: /jaxlog attribute 'steps_done' is {info['steps_done']!r}, not a step number")
     for key in ("provenance", "meta", "violation", "summary"):
         if info.get(key) is not None and not isinstance(info[key], dict):
@@ -776,7 +759,7 @@ def _read_info(jl: h5py.Group, file: Path) -> dict[str, Any]:
     if summary.get("stop_reason") not in (None, "until", "steps", "violation", "interrupted"):
         raise JaxlogError(f"{file}: /jaxlog summary's stop_reason is {summary.get('stop_reason')!r}")
     done = summary.get("systems_done")
-    if done is not None and not (isinstance(done, list) and all(_is_int(d) and d >= 0 for d in done)):
+    if done is not None and not (isinstance(done, list) and all(is_int(d) and d >= 0 for d in done)):
         raise JaxlogError(f"{file}: /jaxlog summary's systems_done is not a list of step numbers")
     if info.get("writer_error") is not None and not isinstance(info["writer_error"], str):
         raise JaxlogError(f"{file}: /jaxlog attribute 'writer_error' must be a string or null")
