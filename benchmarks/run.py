@@ -234,7 +234,7 @@ def _chunk_program_loop(step, state, record, steps: int, per_dispatch: int = 1, 
                            on_violation="raise", postmortem=3, progress=None, budget=driver.DEFAULT_BUDGET,
                            timeline=None, donate=False)
     plan, schema, shapes = driver._resolve(cfg, state)
-    plan = driver._laid_out(plan, driver._capacity(cfg, schema))
+    plan = driver._laid_out(plan, driver._capacity(cfg, schema), shapes, pack=True)
     per_dispatch = min(per_dispatch, plan.length)
     bufs = [program.buffers(plan, shapes)]
     stopped = np.full((), -1, np.int32)

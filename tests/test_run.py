@@ -166,6 +166,47 @@ def test_only_sparse_views_on_one_schedule_record_the_values_of_a_plain_loop(whi
                                    rtol=1e-5)
 
 
+def test_scalar_records_share_a_row_buffer_and_keep_a_plain_loops_values_and_steps():
+    """Every-step scalar records of one dtype are the columns of one row buffer: views recorded
+    from step 0 beside one from step 1 and aux values (from step 1), bool and int32 columns in
+    buffers of their own dtype, a vector record in its own buffer; each keeps a plain loop's
+    values and steps, for any chunk size."""
+    def step(s):
+        new, aux = with_aux(s)
+        return new, {**aux, "n_pos": jnp.sum(new["x"] > 0)}
+
+    record = {"e": energy, "x0": lambda s: s["x"][0], "up": lambda s: s["v"][0] > 0, "x": positions,
+              "late": jl.Record(lambda s: s["v"][1], every=jl.every(1, start=1))}
+    ref = _reference(30)
+    runs = [jl.run(step, STATE, 30, record=record, has_aux=True, chunk=c, progress=False) for c in (None, 1, 4, 7)]
+    for r in runs:
+        t = r.trajectory
+        _traj_equal(t, runs[0].trajectory)
+        for path in ("e", "x0", "up", "x"):
+            np.testing.assert_array_equal(t.steps(path), np.arange(31))
+        for path in ("late", "aux/ke", "aux/vmax", "aux/n_pos"):
+            np.testing.assert_array_equal(t.steps(path), np.arange(1, 31))
+        np.testing.assert_array_equal(t["x0"], [float(ref[k]["x"][0]) for k in range(31)])
+        np.testing.assert_array_equal(t["up"], [bool(ref[k]["v"][0] > 0) for k in range(31)])
+        np.testing.assert_array_equal(t["late"], [float(ref[k]["v"][1]) for k in range(1, 31)])
+        np.testing.assert_array_equal(t["aux/n_pos"], [int(jnp.sum(ref[k]["x"] > 0)) for k in range(1, 31)])
+        np.testing.assert_array_equal(t["x"], np.stack([np.asarray(ref[k]["x"]) for k in range(31)]))
+        np.testing.assert_allclose(t["e"], [float(energy(ref[k])) for k in range(31)], rtol=1e-6)
+        np.testing.assert_allclose(t["aux/vmax"], [float(jnp.max(ref[k]["v"])) for k in range(1, 31)], rtol=1e-6)
+        assert t["up"].dtype == np.bool_ and t["aux/n_pos"].dtype == np.int32 and t["e"].dtype == np.float32
+
+
+def test_scalar_records_are_written_by_one_update_per_step_however_many():
+    """XLA:CPU compiles each in-place update of a record buffer as a kernel of its own (a few
+    milliseconds each): six scalar records compile no more updates than two."""
+    def updates(n):
+        record = {f"s{i}": (lambda s, i=i: s["x"][i % N] * (i + 1)) for i in range(n)}
+        hlo = jl.run(osc, STATE, 3, record=record, progress=False).compiled_chunk().as_text()
+        return hlo.count(" dynamic-update-slice(")
+
+    assert updates(6) == updates(2) > 0
+
+
 def test_a_window_schedule_records_nothing_past_its_stop():
     """window(0, 10) holds at every step up to 10: recorded at those steps only, however the run
     is cut into chunks."""

@@ -61,6 +61,14 @@ class Chunk:
         return self.k0 + self.length
 
 
+class RowBuffer(NamedTuple):
+    """One row buffer as the reader sees it: shared (a column per scalar leaf) or one leaf's."""
+
+    key: str
+    shared: bool
+    leaves: tuple[tuple[str, bool], ...]  # (path, whether row 0 holds its initial frame), in column order
+
+
 class Slot(NamedTuple):
     """Where a chunk writes: the set's buffers, its first row (the set's rows follow the steps)
     and the compact lanes' next slots (counted on the device: ``when=`` decides them)."""
@@ -217,7 +225,7 @@ def _layout_of(plan: Plan, shapes: tuple[dict, ...]) -> tuple[tuple, int]:
     dense = tuple((p, tuple(sd.shape), str(sd.dtype)) for i in plan.dense for p, sd in shapes[i].items())
     compact = tuple((m, tuple((p, tuple(sd.shape), str(sd.dtype)) for p, sd in shapes[i].items()))
                     for i, m in plan.compact)
-    key, nbytes = (plan.length, dense, compact), program.buffer_bytes(plan, shapes)
+    key, nbytes = (plan.length, dense, plan.row_buffers, compact), program.buffer_bytes(plan, shapes)
     if len(_LAYOUTS) >= 64:
         _LAYOUTS.pop(next(iter(_LAYOUTS)))
     _LAYOUTS[plan] = (shapes, key, nbytes)
@@ -231,9 +239,11 @@ class Reader:
         self.cpu = platform == "cpu"
         self.until = plan.until is not None
         self.layout = layout  # a run over several processes: each pulls the blocks it writes
-        initial = set(plan.initial)
-        # per row-buffer path: whether row 0 holds the initial state's frame when a set records it
-        self.dense = tuple((p, i in initial) for i in plan.dense for p in shapes[i])
+        has_initial = {p: i in plan.initial for i in plan.dense for p in shapes[i]}
+        # per row buffer: its key, and per leaf (a column of a shared buffer) its path and whether
+        # row 0 holds the initial state's frame when a set records it
+        self.dense = tuple(RowBuffer(key, key.startswith(program.PACKED), tuple((p, has_initial[p]) for p in paths))
+                           for key, paths in plan.row_buffers)
         self.compact = tuple(tuple(shapes[i]) for i, _ in plan.compact)
 
     def start_copy(self, f: Fill) -> None:
@@ -252,13 +262,18 @@ class Reader:
         first = bool(f.flags & program.RECORD_INITIAL)
         frames = {}
         steps_from: dict[int, np.ndarray] = {}  # one step array per first row, shared by the records
-        for path, has_initial in self.dense:
-            lo = 0 if first and has_initial else 1
-            if ran + 1 - lo > 0:
-                steps = steps_from.get(lo)
-                if steps is None:
-                    steps = steps_from[lo] = np.arange(f.k0 + lo, f.k0 + ran + 1, dtype=np.int64)
-                frames[path] = (steps, self._rows(bufs["dense"][path], lo, ran + 1, path))
+        for buf in self.dense:
+            lo0 = 0 if first and any(h for _, h in buf.leaves) else 1  # the buffer's first row read
+            if ran + 1 - lo0 <= 0:
+                continue
+            rows = self._rows(bufs["dense"][buf.key], lo0, ran + 1, None if buf.shared else buf.key)
+            for column, (path, has_initial) in enumerate(buf.leaves):
+                lo = 0 if first and has_initial else 1
+                if ran + 1 - lo > 0:
+                    steps = steps_from.get(lo)
+                    if steps is None:
+                        steps = steps_from[lo] = np.arange(f.k0 + lo, f.k0 + ran + 1, dtype=np.int64)
+                    frames[path] = (steps, np.ascontiguousarray(rows[lo - lo0:, column]) if buf.shared else rows)
         for paths, (vals, steps), count in zip(self.compact, bufs["compact"], counts):
             if count:
                 st = self._rows(steps, 0, count).astype(np.int64)

@@ -17,7 +17,8 @@ How a chunk of work steps ``k0 .. k0+n-1`` (recording steps ``k0+1 .. k0+n``) ru
 - what is recorded is grouped in *lanes* (one view, or the selected aux leaves or ``jl.log``
   values on one schedule):
   every-step lanes write one row per step into ``C + 1``-row buffers (row 0 of a run's first
-  set: the initial state's frame); sparser lanes are *compact*: evaluated only at their
+  set: the initial state's frame; the scalar leaves of one dtype share a buffer, a column each,
+  so one update per step writes them all, see ``row_buffers``); sparser lanes are *compact*: evaluated only at their
   scheduled steps, or only where their ``when=`` predicate also holds, and written to the next
   slot with its step, so only kept rows reach the host. Schedules are
   evaluated on the device from the step number (``every``/``at``/``window``; a schedule class the
@@ -125,6 +126,8 @@ class Plan:
     n_systems: int | None  # batched runs: per-system keys and freezing
     until: Callable | None
     length: int  # the capacity C: most work steps per chunk
+    # the row buffers: (key, paths) each, a scalar leaves' buffer holding a column per path (see ``row_buffers``)
+    row_buffers: tuple[tuple[str, tuple[str, ...]], ...] = ()
     collect: bool = False  # the step calls jl.log: run it under the collector
     log_capacity: int | None = None  # capacity of logs inside while loops that give none
 
@@ -159,17 +162,67 @@ def intern(plan: Plan) -> Plan:
             _PLANS.pop(next(iter(_PLANS)))
 
 
-def layout(lanes: tuple[Lane, ...], capacity: int) -> dict:
-    """Which lanes get row buffers, which are compacted (and with how many slots), which record
-    the initial state, and which need host masks, for a capacity of ``capacity`` loop steps."""
+def layout(lanes: tuple[Lane, ...], capacity: int, shapes: tuple[dict, ...], pack: bool) -> dict:
+    """Which lanes get row buffers (and how their leaves share them, see ``row_buffers``), which
+    are compacted (and with how many slots), which record the initial state, and which need host
+    masks, for a capacity of ``capacity`` loop steps."""
     initial = tuple(i for i, ln in enumerate(lanes) if not ln.from_step and ln.schedule.contains(0))
     dense = tuple(i for i, ln in enumerate(lanes) if ln.in_loop_every_step)
+    rows = row_buffers([shapes[i] for i in dense], pack)
     # compact lanes: a slot per scheduled step of a set of buffers (the initial frame's too), and a
     # spare one, where the nested loop writes a value it does not keep (see ``_put_next``)
     compact = tuple((i, max(1, ln.schedule.max_in_span(capacity)) + (i in initial) + 1)
                     for i, ln in enumerate(lanes) if i not in dense)
     host = tuple(i for i, _ in compact if device_schedule(lanes[i].schedule) is None)
-    return {"dense": dense, "compact": compact, "initial": initial, "host_masks": host, "length": capacity}
+    return {"dense": dense, "compact": compact, "initial": initial, "host_masks": host, "length": capacity,
+            "row_buffers": rows}
+
+
+PACKED = "/"  # a shared row buffer's key: "/<dtype>", which no record path is (paths are a/b/c names)
+
+
+def row_buffers(shapes: list[dict], pack: bool) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The row buffers of the every-step leaves ``shapes`` (``{path: ShapeDtypeStruct}`` per
+    lane), as ``(key, paths)``. With ``pack``, the scalar leaves of one dtype share one buffer, a
+    column each (sorted by path), written by one in-place update per step: XLA:CPU compiles each
+    update as a kernel of its own (~5 ms each), and a device runs each as one. Other leaves, and
+    every leaf without ``pack`` (a sharded state, whose records are laid out as XLA places
+    them), get a buffer of their own, keyed by their path."""
+    out, scalars = [], {}
+    for lane in shapes:
+        for path, sd in lane.items():
+            if pack and tuple(sd.shape) == () and not jax.dtypes.issubdtype(sd.dtype, jax.dtypes.extended):
+                scalars.setdefault(str(sd.dtype), []).append(path)
+            else:
+                out.append((path, (path,)))
+    for dtype, paths in scalars.items():
+        out.append((PACKED + dtype, tuple(sorted(paths))) if len(paths) > 1 else (paths[0], (paths[0],)))
+    return tuple(out)
+
+
+def _row_shapes(plan: Plan, shapes: list[dict]) -> dict:
+    """``{key: (frame shape, dtype)}`` of the row buffers, from the leaves' shapes per dense lane."""
+    by_path = {p: sd for lane in shapes for p, sd in lane.items()}
+    return {key: ((len(paths),) if key.startswith(PACKED) else tuple(by_path[key].shape), by_path[paths[0]].dtype)
+            for key, paths in plan.row_buffers}
+
+
+def _put_rows(plan: Plan, dense: dict, vals: dict, row: Any) -> dict:
+    """Row ``row`` of the row buffers holding ``vals`` (``{path: value}``). A shared buffer's row
+    is its columns stacked; a column ``vals`` lacks gets a zero (the initial frame of a buffer
+    shared with lanes that do not record step 0: that row is never read for them)."""
+    out = dict(dense)
+    for key, paths in plan.row_buffers:
+        if not any(p in vals for p in paths):
+            continue
+        buf = dense[key]
+        if key.startswith(PACKED):
+            new = jnp.stack([jnp.asarray(vals[p], buf.dtype) if p in vals else jnp.zeros((), buf.dtype)
+                             for p in paths])
+        else:
+            new = vals[key]
+        out[key] = lax.dynamic_update_index_in_dim(buf, jnp.asarray(new, buf.dtype), row, 0)
+    return out
 
 
 @dataclass(frozen=True)
@@ -317,7 +370,8 @@ def when_flag(lane: Lane, state: Any) -> Any:
 def buffers(plan: Plan, shapes: tuple[dict, ...], device: Any = None) -> dict:
     """A fresh set of record buffers for ``plan``, on ``device`` (zeros put there from the host:
     ``jnp.zeros`` would compile a program per buffer shape, tens of milliseconds each)."""
-    dense = {p: np.zeros((plan.length + 1, *sd.shape), sd.dtype) for i in plan.dense for p, sd in shapes[i].items()}
+    dense = {name: np.zeros((plan.length + 1, *shape), dtype)
+             for name, (shape, dtype) in _row_shapes(plan, [shapes[i] for i in plan.dense]).items()}
     compact = tuple(({p: np.zeros((m, *sd.shape), sd.dtype) for p, sd in shapes[i].items()}, np.zeros(m, np.int32))
                     for i, m in plan.compact)
     return jax.device_put({"dense": dense, "compact": compact}, device)
@@ -358,7 +412,8 @@ def _zeros(plan: Plan, state: Any, key: Any) -> dict:
     """A set of record buffers made inside the program (traced: shapes from the lanes' reads)."""
     st_shape, aux_shape, log_shape = jax.eval_shape(lambda st: apply_logged(plan, key, jnp.int32(0), st), state)
     shapes = [jax.eval_shape(ln.read, st_shape, aux_shape, log_shape) for ln in plan.lanes]
-    dense = {p: jnp.zeros((plan.length + 1, *sd.shape), sd.dtype) for i in plan.dense for p, sd in shapes[i].items()}
+    dense = {name: jnp.zeros((plan.length + 1, *shape), dtype)
+             for name, (shape, dtype) in _row_shapes(plan, [shapes[i] for i in plan.dense]).items()}
     compact = tuple(({p: jnp.zeros((m, *sd.shape), sd.dtype) for p, sd in shapes[i].items()}, jnp.zeros(m, jnp.int32))
                     for i, m in plan.compact)
     return {"dense": dense, "compact": compact}
@@ -400,6 +455,7 @@ def chunk_impl(plan: Plan, state, bufs, key, ctl: Control, counts, masks, stoppe
         def first_frame(args):
             dense, compact, counts = args
             compact, counts = list(compact), list(counts)
+            rows = {}  # every row buffer's initial values, written together (buffers are shared by lanes)
             for i in plan.initial:
                 vals = lanes[i].read(state, None)
                 if i in slot_of:
@@ -409,8 +465,8 @@ def chunk_impl(plan: Plan, state, bufs, key, ctl: Control, counts, masks, stoppe
                     compact[c] = (_put(buf, vals, counts[c]), _put_step(steps, k0, counts[c]))
                     counts[c] = counts[c] + take.astype(jnp.int32)
                 else:
-                    dense = {**dense, **_put({p: dense[p] for p in vals}, vals, row0)}
-            return dense, tuple(compact), tuple(counts)
+                    rows.update(vals)
+            return _put_rows(plan, dense, rows, row0), tuple(compact), tuple(counts)
 
         dense, compact, counts = lax.cond(ctl.record_initial, first_frame, lambda a: a, (dense, compact, counts))
     if plan.until is not None:
@@ -453,7 +509,7 @@ def chunk_impl(plan: Plan, state, bufs, key, ctl: Control, counts, masks, stoppe
         ys = {}
         for i in plan.dense:
             ys.update(lanes[i].read(st, aux, logs))
-        dense = _put(dense, ys, row0 + j + 1)
+        dense = _put_rows(plan, dense, ys, row0 + j + 1)
         new_compact, new_counts = [], []
         for (i, m), (buf, steps), count in zip(plan.compact, compact, counts):
             take = mask_of[i][j] if i in mask_of else tests[i](k + 1)
@@ -503,7 +559,7 @@ def chunk_impl(plan: Plan, state, bufs, key, ctl: Control, counts, masks, stoppe
                 ys = {}
                 for i in plan.dense:
                     ys.update(lanes[i].read(st, aux, logs))
-                dense = _put(dense, ys, row0 + j + 1)
+                dense = _put_rows(plan, dense, ys, row0 + j + 1)
             return j + 1, st, done, stopped, dense
 
         def body(carry):  # noqa: F811  (the nested loop body)

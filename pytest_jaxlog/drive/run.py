@@ -355,7 +355,11 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
     capacity = _capacity(cfg, schema)
     chunk = max(1, min(capacity if cfg.chunk is None else cfg.chunk, cfg.steps)) if cfg.steps else 1
     lanes = plan.lanes  # the run's lanes: views (those that log wrapped), aux, then the step's logs
-    plan = _laid_out(plan, capacity)  # one program, any length
+    # a sharded state: the key and the until= stops live replicated on its mesh (see drive.shards),
+    # and the program makes each fresh set of buffers itself, laid out like the views
+    mesh_rep = shards.replicated_on(state)
+    # one program, any length; scalar records share row buffers unless the state is sharded
+    plan = _laid_out(plan, capacity, shapes, pack=mesh_rep is None and shards.process_count() == 1)
     leaves = jax.tree_util.tree_leaves(state)
     n_state = len(leaves)
     # with invariants, chunk-start states are kept for the post-mortem: no donation
@@ -365,9 +369,6 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
     device = next(iter(leaves[0].devices())) if leaves else None
     committed = bool(leaves) and getattr(leaves[0], "committed", False)
     state_bytes = 0 if use_donate else sum(x.nbytes for x in leaves)
-    # a sharded state: the key and the until= stops live replicated on its mesh (see drive.shards),
-    # and the program makes each fresh set of buffers itself, laid out like the views
-    mesh_rep = shards.replicated_on(state)
     key = shards.place(key, mesh_rep)
     no_masks = tuple(np.zeros(plan.length, dtype=bool) for _ in plan.host_masks)
     batched_until = cfg.until is not None and plan.n_systems is not None
@@ -745,17 +746,17 @@ def _resolve(cfg: RunConfig, state) -> tuple[Plan, Schema, tuple]:
     return plan, schema, shapes
 
 
-def _laid_out(plan: Plan, capacity: int) -> Plan:
+def _laid_out(plan: Plan, capacity: int, shapes: tuple[dict, ...], pack: bool) -> Plan:
     """``plan`` with the chunk layout for ``capacity``, interned; computed once per resolved plan
-    (a warm short run's host work is tens of microseconds a piece)."""
-    key = (plan, capacity)
+    and its leaves' shapes (a warm short run's host work is tens of microseconds a piece)."""
+    key = (plan, capacity, id(shapes), pack)  # shapes: resolved with the plan, cached beside it
     hit = _LAID_OUT.get(key)
-    if hit is None:
-        hit = program.intern(dataclasses.replace(plan, **program.layout(plan.lanes, capacity)))
+    if hit is None or hit[0] is not shapes:
+        hit = (shapes, program.intern(dataclasses.replace(plan, **program.layout(plan.lanes, capacity, shapes, pack))))
         if len(_LAID_OUT) >= 64:
             _LAID_OUT.pop(next(iter(_LAID_OUT)))
         _LAID_OUT[key] = hit
-    return hit
+    return hit[1]
 
 
 def _log_lanes(cfg: RunConfig, logged: list[str]) -> tuple[Lane, ...]:
