@@ -95,8 +95,8 @@ class _BrokenBar(jl.ProgressLogger):
 
 
 def test_a_failure_before_the_first_step_closes_the_file_and_frees_the_path(tmp_path):
-    """The progress bar fails after the sinks opened: the file is closed ``failed``, no writer
-    thread is left, and the same path takes a new run at once."""
+    """The progress bar fails before the first chunk is dispatched: the file is made and closed
+    ``failed``, no writer thread is left, and the same path takes a new run at once."""
     path = tmp_path / "t.h5"
     before = _writer_threads()
     with pytest.raises(RuntimeError, match="no terminal"):
@@ -106,6 +106,27 @@ def test_a_failure_before_the_first_step_closes_the_file_and_frees_the_path(tmp_
     run = jl.run(lambda s: s + 1, jnp.ones(3), 5, record={"s": lambda s: s}, sinks=[jl.HDF5Writer(path)],
                  progress=False)
     assert run.trajectory.status == "complete"
+
+
+def test_the_file_is_made_once_the_first_chunk_is_dispatched_and_a_failure_before_is_on_record(tmp_path):
+    """A first run traces and compiles its program before its file is made (the file is made
+    while the first chunk runs, milliseconds off a short run); a failure while tracing the
+    program still leaves the file, closed ``failed``."""
+    path = tmp_path / "t.h5"
+    seen = []
+
+    def step(s):  # called when the run is resolved, then when its program is traced
+        seen.append(path.exists())
+        return s + 1
+
+    run = jl.run(step, jnp.ones(3), 5, record={"s": lambda s: s}, sinks=[jl.HDF5Writer(path)], progress=False)
+    assert len(seen) >= 2 and not any(seen)
+    assert run.trajectory.status == "complete" and run.trajectory.steps_done == 5
+    bad = {"s": jl.Record(lambda s: s, every=2, when=lambda s: s)}  # not one bool: found tracing the program
+    with pytest.raises(jl.JaxlogError, match="when= must return one bool"):
+        jl.run(lambda s: s * 2, jnp.ones(3), 5, record=bad, sinks=[jl.HDF5Writer(path)], progress=False)
+    traj = jl.load(path)
+    assert traj.status == "failed" and traj.steps_done == 0 and traj.stop_reason == "interrupted"
 
 
 def test_a_deleted_state_array_is_named_before_any_file_is_made(tmp_path):

@@ -349,7 +349,6 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
     if cfg.resume is not None:
         check_against(cfg.resume, step_fn=cfg.step, schema=schema, state=state, key=cfg.key, dt=cfg.dt,
                       n_invariants=len(cfg.invariants))
-    signature = (_aval_key(state), _aval_key(cfg.key))
     pipe = Pipeline(sinks=cfg.sinks, invariants=cfg.invariants, on_violation=cfg.on_violation,
                     timeline=cfg.timeline)
     capacity = _capacity(cfg, schema)
@@ -422,6 +421,7 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
     last: Fill | None = None  # the last set of buffers pulled
     t_loop, first_call_s = None, 0.0  # when the device loop began; what its compiling first dispatch took
     saved_at = start_step  # the step of the newest checkpoint in the file
+    open_late = sinks_tried = False  # whether the sinks open after the first dispatch; whether they were opened
     checked_through = start_step  # the invariants have seen the frames up to here
 
     def found(new, batch: list[Fill]) -> None:
@@ -488,14 +488,16 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
     try:
         # from here on, whatever happens closes the sinks with a status saying why
         pipe.bind(schema)
-        # a program that ran before in this process compiles nothing and fails on nothing: its
-        # first chunk runs while the sinks open (file creation costs milliseconds, as a short run)
         if end > start_step:
             segs = _segments(start_step, end, chunk, windows, cfg.checkpoint)
         else:  # no step to run: the initial state's frame (and until=) only
             segs = iter([Segment(start_step, 0, None)] if first_flags else [])
-        warm = (end > start_step or bool(first_flags)) and cfg.resume is None and (plan, signature) in _WARM
-        if not warm:
+        # the sinks open once the first chunk is dispatched: a file is created while that chunk
+        # runs (on a first run, once its program compiled), not before (milliseconds, as much as a
+        # short run); a resume copies the old file's frames first
+        open_late = (end > start_step or bool(first_flags)) and cfg.resume is None
+        if not open_late:
+            sinks_tried = True
             pipe.open_sinks(schema, meta)
         if cfg.resume is not None:  # the old file's frames, checkpoints and invariants up to the checkpoint
             stopped = placed(_resume_into(cfg, pipe, schema, np.asarray(stopped), systems_done))
@@ -531,10 +533,9 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
                 out = fn(*args)
             if n_chunk == 0:  # the first dispatch: did it trace and compile the program?
                 first_call_s = time.perf_counter() - t_call if tracker.count > compiles_before else 0.0
-                if warm:
+                if open_late:
+                    sinks_tried = True
                     pipe.open_sinks(schema, meta)
-                else:
-                    _remember_warm((plan, signature))
             cur, cur_step, stopped = out["state"], k0 + length, out["stopped"]
             t1 = now_ns()
             if cfg.timeline is not None:
@@ -588,6 +589,12 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
                                   systems_done)
             except BaseException as e:
                 exc.add_note(f"[jaxlog] no checkpoint at step {written_step} on the way out: {type(e).__name__}: {e}")
+        if open_late and not sinks_tried:  # stopped before they opened (a compile error, a Ctrl-C while
+            sinks_tried = True            # compiling): the run is on record as any that failed
+            try:
+                pipe.open_sinks(schema, meta)
+            except BaseException as e:
+                exc.add_note(f"[jaxlog] the sinks could not record the run: {type(e).__name__}: {e}")
         if pipe.opened:
             pipe.close(status, steps_done=written_step, raise_errors=False, summary={"stop_reason": "interrupted"},
                        reason=exc)
@@ -684,15 +691,8 @@ def _resume_into(cfg: RunConfig, pipe: Pipeline, schema: Schema, stopped: np.nda
 
 
 _RESOLVED: dict = {}
-_LAID_OUT: dict = {}  # (resolved plan, capacity) -> the plan with its chunk layout, interned
+_LAID_OUT: dict = {}  # (resolved plan, capacity, its shapes, pack) -> (shapes, the plan laid out, interned)
 _AUTO: dict = {}  # (id(schema), budget) -> (schema, auto_chunk)
-_WARM: dict = {}  # (plan, argument signature) of programs that ran in this process
-
-
-def _remember_warm(key) -> None:
-    _WARM[key] = True
-    if len(_WARM) > 256:
-        _WARM.pop(next(iter(_WARM)))
 
 
 def _aval_key(tree):
