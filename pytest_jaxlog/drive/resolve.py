@@ -8,6 +8,7 @@ schema and the paths in the frames cannot disagree.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
@@ -229,8 +230,8 @@ def resolve(lanes: Sequence[Any], state: Any, *, aux: Callable[[Any], Any] | Non
             mine = found.leaves
         out_lanes.append(lane)
         per_lane.append(mine)
-    paths = [leaf.path for mine in per_lane for leaf in mine]
-    dupes = sorted({p for p in paths if paths.count(p) > 1 and p.startswith(LOG + "/")})
+    seen = collections.Counter(leaf.path for mine in per_lane for leaf in mine)
+    dupes = sorted(p for p, n in seen.items() if n > 1 and p.startswith(LOG + "/"))
     if dupes:
         raise JaxlogError(f"{dupes[0]!r} is logged by more than one of: the step, the record views "
                           f"(give the logs different names)")

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -85,8 +86,9 @@ class RecordLayout:
     def whole_here(self) -> bool:
         return len(self.held) == len(self.blocks)
 
-    @property
+    @functools.cached_property
     def mine(self) -> tuple[int, ...]:
+        """The blocks this process writes (asked for every pull of every record: worked out once)."""
         me = jax.process_index()
         return tuple(b for b, blk in enumerate(self.blocks) if blk.owner == me)
 
@@ -96,7 +98,7 @@ class RecordLayout:
         if self.whole_here:
             return np.asarray(x)
         local = {}
-        want = {blk.index: b for b, blk in enumerate(self.blocks) if b in self.mine}
+        want = {self.blocks[b].index: b for b in self.mine}
         for shard in x.addressable_shards:
             b = want.get(_norm(shard.index[1:], self.shape))
             if b is not None and b not in local:
