@@ -300,6 +300,14 @@ def test_two_processes_write_their_shards_and_load_as_one_run(two_process_run):
     np.testing.assert_array_equal(traj["x", 3:9, 10:40], ref["x"][3:9, 10:40])
     np.testing.assert_array_equal(traj["x", [7, 2, 7]], ref["x"][[7, 2, 7]])
     np.testing.assert_array_equal(traj["x", -1, 33], ref["x"][-1, 33])
+    for key in (slice(None, None, -3), np.arange(31) % 4 == 0, (Ellipsis, 5), (None, 2), ([3, 1], [0, 40]),
+                np.int64(-2)):
+        got = traj[("x", *key)] if isinstance(key, tuple) else traj["x", key]
+        np.testing.assert_array_equal(got, ref["x"][key], err_msg=repr(key))
+        assert got.shape == ref["x"][key].shape, key
+    for bad in (31, -32, [0, 40]):
+        with pytest.raises(IndexError):
+            traj["x", bad]
     np.testing.assert_array_equal(traj.between("v", 10, 20), ref.between("v", 10, 20))
     np.testing.assert_array_equal(traj.time("v"), ref.time("v"))
     saved = traj.save(d / "merged.h5")  # one ordinary file again

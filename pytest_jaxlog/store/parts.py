@@ -27,6 +27,7 @@ import numpy as np
 from ..errors import JaxlogError
 from ..record.frames import FORMAT_VERSION, Block, Frames, Schema, Shards
 from .hdf5 import CRC_ATTR, CRC_COVERS, LIBVER, HDF5Writer, _json, _text, json_crc32
+from .selection import row_numbers, select_frames
 
 PARTS_ATTR = "parts"  # on the index's /jaxlog: the part files and blocks, JSON
 PART_META = "part"  # in a part's meta: {"run_id", "process", "index"}
@@ -310,17 +311,8 @@ def _read_blocks(traj: Any, parts: list, entries: list, name: str, what: str, in
     n, steps = _frames(parts, entries, name)
     if what == "step":
         return steps if index is None else steps[index]
-    first, rest = (index[0], index[1:]) if isinstance(index, tuple) and index else (index, ())
-    whole = (index is None or first is Ellipsis or first is None
-             or (isinstance(first, np.ndarray) and first.dtype == np.bool_ and first.ndim > 1))
-    if whole:
-        rows, local = np.arange(n), None
-    elif isinstance(first, slice):
-        rows, local = np.arange(n)[first], slice(None)
-    else:
-        wanted = np.arange(n)[first]  # numpy's semantics and errors for the frame selection
-        rows, inverse = np.unique(wanted, return_inverse=True)
-        local = inverse.reshape(np.shape(wanted))
+    selected, local = select_frames(index, n)
+    rows = row_numbers(selected, n)
     leaf = traj.schema[name]
     out = None
     for fi, part_leaf, idx in entries:
@@ -328,6 +320,4 @@ def _read_blocks(traj: Any, parts: list, entries: list, name: str, what: str, in
         if out is None:
             out = np.empty((len(rows), *leaf.shape), dtype=block.dtype)
         out[(slice(None), *(slice(a, z) for a, z in idx))] = block
-    if whole:
-        return out if index is None else out[index]
-    return out[(local, *rest)]
+    return out[local]

@@ -29,6 +29,7 @@ from ..record.schedule import is_int, schedule_from_json
 from . import h5safe
 from .dtypes import DTYPE_ATTR, KEY_IMPL_ATTR, check_leaf_dtype, decode, storage_dtype
 from .hdf5 import CRC_ATTR, HDF5Writer, json_crc32
+from .selection import select_frames
 from .sink import STATUSES
 
 _REQUIRED = ("format_version", "schema", "status", "steps_done")
@@ -50,49 +51,20 @@ def _open(path: Path) -> h5py.File:
 
 
 def _read(ds: h5py.Dataset, n: int, index: Any) -> np.ndarray:
-    """``values[:n][index]`` with numpy's semantics, reading only the frames ``index`` selects.
-
-    The frame-axis part of ``index`` (an int, a slice, an int/bool array) is read from disk as a
-    block; the whole index is then applied to that block with the frame part remapped into it,
-    so trailing indices (``traj["x", 2:4, 1]``), several advanced indices broadcasting together,
-    and out-of-range errors behave exactly as on the in-memory array. Anything else on the frame
-    axis (``...``, ``None``) reads the ``n`` frames and lets numpy index them."""
+    """``values[:n][index]`` with numpy's semantics, reading only the frames ``index`` selects
+    (see ``store.selection``)."""
     if index is None:
         return ds[:n] if n else ds[:0]
-    if isinstance(index, tuple):
-        first, rest = (index[0], index[1:]) if index else (slice(None), ())
-    else:
-        first, rest = index, ()
     if 0 in ds.shape[1:]:  # h5py cannot select in zero-size dataspaces; nothing to read anyway
         return np.empty((n, *ds.shape[1:]), dtype=ds.dtype)[index]
-    if first is Ellipsis or first is None:
-        return (ds[:n] if n else ds[:0])[index]
-    if isinstance(first, (int, np.integer)) and not isinstance(first, (bool, np.bool_)):
-        i = int(first)
-        if not -n <= i < n:
-            raise IndexError(f"frame index {i} out of range for {n} frames")
-        block, local = ds[i % n : i % n + 1], 0
-    elif isinstance(first, slice):
-        start, stop, step = first.indices(n)
-        if step > 0:
-            block = ds[start:stop:step] if stop > start else ds[0:0]
-        else:
-            idx = np.arange(start, stop, step)
-            block = ds[idx[::-1]][::-1] if len(idx) else ds[0:0]
-        local = slice(None)
+    rows, local = select_frames(index, n)
+    if rows is None:
+        block = ds[:n] if n else ds[:0]
+    elif isinstance(rows, slice):
+        block = ds[rows] if rows.stop > rows.start else ds[0:0]
     else:
-        arr = np.asarray(first)
-        if arr.dtype == np.bool_:
-            if arr.ndim != 1:  # a multi-axis mask spans more than the frame axis: let numpy do it
-                return (ds[:n] if n else ds[:0])[index]
-            if len(arr) != n:
-                raise IndexError(f"boolean frame index of length {len(arr)} for {n} frames")
-            arr = np.flatnonzero(arr)
-        idx = np.arange(n)[arr]  # IndexError for out-of-range entries, like numpy
-        uniq, inverse = np.unique(idx, return_inverse=True)
-        block = ds[uniq] if len(uniq) else ds[0:0]
-        local = inverse.reshape(idx.shape)
-    return np.asarray(block)[(local, *rest)]
+        block = ds[rows] if len(rows) else ds[0:0]
+    return np.asarray(block)[local]
 
 
 class Snapshot(NamedTuple):
