@@ -33,9 +33,9 @@ How a chunk of work steps ``k0 .. k0+n-1`` (recording steps ``k0+1 .. k0+n``) ru
 - what a dispatch is asked to do (``Control``: the first step, the step count, the row it starts
   at, whether to record the initial state's frame and check ``until=`` on it) and where the
   compact lanes' slots are (their counts) come as scalars, each an argument of its own: XLA:CPU
-  compiles every small computation outside the loops into a kernel of its own, ~5 ms each, so
-  slicing a control vector (and stacking the counts again on the way out) cost a first run
-  ~25 ms of compiling. The initial frame and ``until=`` on the initial state are evaluated
+  compiles every small computation outside the loops into a kernel of its own, milliseconds
+  each, so slicing a control vector (and stacking the counts again on the way out) cost a first
+  run five kernels more to compile. The initial frame and ``until=`` on the initial state are evaluated
   inside the program, under a ``cond``, so a run compiles one program, not one per helper;
 - a step that calls ``jl.log`` runs under the collector (``drive.log.collect``), which returns
   what it logged beside its output; a step without logs runs as it is;
@@ -185,7 +185,7 @@ def row_buffers(shapes: list[dict], pack: bool) -> tuple[tuple[str, tuple[str, .
     """The row buffers of the every-step leaves ``shapes`` (``{path: ShapeDtypeStruct}`` per
     lane), as ``(key, paths)``. With ``pack``, the scalar leaves of one dtype share one buffer, a
     column each (sorted by path), written by one in-place update per step: XLA:CPU compiles each
-    update as a kernel of its own (~5 ms each), and a device runs each as one. Other leaves, and
+    update as a kernel of its own (milliseconds each), and a device runs each as one. Other leaves, and
     every leaf without ``pack`` (a sharded state, whose records are laid out as XLA places
     them), get a buffer of their own, keyed by their path."""
     out, scalars = [], {}
