@@ -376,8 +376,8 @@ def compile_child(which: str) -> None:
 
 
 def kernels(hlo: str) -> int:
-    """The kernels of a program compiled by XLA:CPU (its fusions, single operations included):
-    each is compiled on its own, a few milliseconds each, so their number drives compile time."""
+    """The kernels of a program compiled by XLA:CPU (its fusions, single operations included),
+    each of which it compiles on its own."""
     return len(re.findall(r"= \S+ fusion\(", hlo))
 
 

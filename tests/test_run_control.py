@@ -310,7 +310,7 @@ def test_a_million_one_step_dispatches_are_made_as_the_run_goes_not_listed_up_fr
     finally:
         tracemalloc.stop()
     assert peak < 1 << 16, f"{peak} bytes held to begin dispatching"
-    k, n_win, ends = 0, 0, []
+    k, n_win = 0, 0
     for seg in [*first, *segs]:
         assert seg.k0 == k and seg.length == 1
         n_win += seg.window is window

@@ -829,14 +829,7 @@ def collected_shapes(fn: Callable, *args: Any, capacity: int | None = None) -> t
     plain = shapes_and_logs(fn, *args)
     if not plain.logs:
         return plain.shapes, {}
-    traced = _trace(fn, args, {})
-    closed, out_tree = traced.closed, traced.out_tree
-
-    def run(*dyn: Any) -> tuple[Any, dict]:
-        outs, entries = _Interpreter(capacity=capacity).eval(closed.jaxpr, closed.consts, dyn)
-        return jax.tree_util.tree_unflatten(out_tree, outs), _finish(entries)
-
-    return jax.eval_shape(run, *traced.dynamic)
+    return jax.eval_shape(collect(fn, capacity=capacity), *args)
 
 
 def _tapped(fn: Callable, callback: Callable) -> Callable:

@@ -529,14 +529,13 @@ def chunk_impl(plan: Plan, state, bufs, key, ctl: Control, counts, masks, stoppe
     device_schedules = not plan.host_masks and all(f is not None for f in nexts)
     views_only = not any(lanes[i].from_step for i, _ in plan.compact)
 
-    def next_targets(j):
-        """Per compact lane, the next state it is scheduled at after ``k0 + j`` (int32 max: none),
-        and the loop index of the first of them, or ``n`` (the chunk's end)."""
-        at = [f(k0 + j) for f in nexts]
+    def next_bound(j):
+        """The loop index of the next state after ``k0 + j`` some compact lane is scheduled at
+        (``nexts`` give int32 max for none), or ``n`` (the chunk's end)."""
         bound = n
-        for t in at:
-            bound = jnp.minimum(bound, t - k0)  # no overflow: k0 >= 0
-        return at, bound
+        for f in nexts:
+            bound = jnp.minimum(bound, f(k0 + j) - k0)  # no overflow: k0 >= 0
+        return bound
 
     if device_schedules and views_only:
         # Nested loops, like a nested scan: an inner loop runs the steps up to the next state a
@@ -564,7 +563,7 @@ def chunk_impl(plan: Plan, state, bufs, key, ctl: Control, counts, masks, stoppe
 
         def body(carry):  # noqa: F811  (the nested loop body)
             j, st, done, stopped, dense, compact, counts = carry
-            bound = next_targets(j)[1]  # bound > j: at least one step
+            bound = next_bound(j)  # bound > j: at least one step
             j, st, done, stopped, dense = lax.while_loop(lambda c: going(c[0], c[2], bound), inner,
                                                          (j, st, done, stopped, dense))
             new_compact, new_counts = [], []
@@ -600,7 +599,7 @@ def chunk_impl(plan: Plan, state, bufs, key, ctl: Control, counts, masks, stoppe
 
         def body(carry):  # noqa: F811  (the loop body when every record is sparse)
             j, st, done, stopped = carry[:4]
-            bound = next_targets(j)[1]
+            bound = next_bound(j)
             j, st, done, stopped = lax.while_loop(lambda c: going(c[0] + 1, c[2], bound), plain, (j, st, done, stopped))
             carry = (j, st, done, stopped, *carry[4:])
             return lax.cond(going(j, done, n), record_step, lambda c: c, carry)

@@ -421,7 +421,17 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
     last: Fill | None = None  # the last set of buffers pulled
     t_loop, first_call_s = None, 0.0  # when the device loop began; what its compiling first dispatch took
     saved_at = start_step  # the step of the newest checkpoint in the file
-    open_late = sinks_tried = False  # whether the sinks open after the first dispatch; whether they were opened
+    # the sinks open once the first chunk is dispatched: a file is created while that chunk runs
+    # (on a first run, once its program compiled), not before (milliseconds, as much as a short
+    # run); a resume copies the old file's frames first
+    open_late = (end > start_step or bool(first_flags)) and cfg.resume is None
+    sinks_tried = False  # opening them was attempted (a failed attempt is not made again)
+
+    def open_sinks() -> None:
+        nonlocal sinks_tried
+        sinks_tried = True
+        pipe.open_sinks(schema, meta)
+
     checked_through = start_step  # the invariants have seen the frames up to here
 
     def found(new, batch: list[Fill]) -> None:
@@ -492,13 +502,8 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
             segs = _segments(start_step, end, chunk, windows, cfg.checkpoint)
         else:  # no step to run: the initial state's frame (and until=) only
             segs = iter([Segment(start_step, 0, None)] if first_flags else [])
-        # the sinks open once the first chunk is dispatched: a file is created while that chunk
-        # runs (on a first run, once its program compiled), not before (milliseconds, as much as a
-        # short run); a resume copies the old file's frames first
-        open_late = (end > start_step or bool(first_flags)) and cfg.resume is None
         if not open_late:
-            sinks_tried = True
-            pipe.open_sinks(schema, meta)
+            open_sinks()
         if cfg.resume is not None:  # the old file's frames, checkpoints and invariants up to the checkpoint
             stopped = placed(_resume_into(cfg, pipe, schema, np.asarray(stopped), systems_done))
         cur = _copy_tree(state) if use_donate else state
@@ -534,8 +539,7 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
             if n_chunk == 0:  # the first dispatch: did it trace and compile the program?
                 first_call_s = time.perf_counter() - t_call if tracker.count > compiles_before else 0.0
                 if open_late:
-                    sinks_tried = True
-                    pipe.open_sinks(schema, meta)
+                    open_sinks()
             cur, cur_step, stopped = out["state"], k0 + length, out["stopped"]
             t1 = now_ns()
             if cfg.timeline is not None:
@@ -590,9 +594,8 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
             except BaseException as e:
                 exc.add_note(f"[jaxlog] no checkpoint at step {written_step} on the way out: {type(e).__name__}: {e}")
         if open_late and not sinks_tried:  # stopped before they opened (a compile error, a Ctrl-C while
-            sinks_tried = True            # compiling): the run is on record as any that failed
-            try:
-                pipe.open_sinks(schema, meta)
+            try:                          # compiling): the run is on record as any that failed
+                open_sinks()
             except BaseException as e:
                 exc.add_note(f"[jaxlog] the sinks could not record the run: {type(e).__name__}: {e}")
         if pipe.opened:
@@ -749,9 +752,10 @@ def _resolve(cfg: RunConfig, state) -> tuple[Plan, Schema, tuple]:
 def _laid_out(plan: Plan, capacity: int, shapes: tuple[dict, ...], pack: bool) -> Plan:
     """``plan`` with the chunk layout for ``capacity``, interned; computed once per resolved plan
     and its leaves' shapes (a warm short run's host work is tens of microseconds a piece)."""
-    key = (plan, capacity, id(shapes), pack)  # shapes: resolved with the plan, cached beside it
+    # shapes: resolved with the plan and cached beside it; the entry keeps them, so their id is theirs
+    key = (plan, capacity, id(shapes), pack)
     hit = _LAID_OUT.get(key)
-    if hit is None or hit[0] is not shapes:
+    if hit is None:
         hit = (shapes, program.intern(dataclasses.replace(plan, **program.layout(plan.lanes, capacity, shapes, pack))))
         if len(_LAID_OUT) >= 64:
             _LAID_OUT.pop(next(iter(_LAID_OUT)))
