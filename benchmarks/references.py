@@ -42,3 +42,20 @@ def bare_scan(step: Callable, steps: int) -> Callable[[Any], Any]:
         return lax.scan(lambda c, _: (step(c), None), s, None, length=steps)[0]
 
     return run
+
+
+def write_records(path: Any, out: Any, every: int = 10) -> None:
+    """What a user writes by hand to keep ``scan_with_records(..., initial=True)``'s records in a
+    file once the run is done: pulled to the host, one plain h5py dataset per record and its
+    steps, no streaming, locking or crash safety."""
+    import h5py
+    import numpy as np
+
+    (e0, x0), (_, (e, xs)) = jax.device_get(out)
+    xs = np.concatenate([np.asarray(x0)[None], xs])
+    with h5py.File(path, "w") as f:
+        for name, first in e0.items():
+            f[f"energy/{name}/value"] = np.concatenate([np.asarray(first)[None], np.asarray(e[name]).reshape(-1)])
+        f["energy/step"] = np.arange(len(f["energy/total/value"]))
+        f["positions/value"] = xs
+        f["positions/step"] = np.arange(len(xs)) * every

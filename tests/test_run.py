@@ -579,16 +579,25 @@ def test_profile_window_steps_are_identical(tmp_path):
     assert win.done and "jax_trace" in r.artifacts
 
 
-def test_keyboard_interrupt_with_donation_returns_the_newest_state():
+BIG = 1 << 17  # two float32 leaves of this many elements: the 1 MiB from which a state is donated
+
+
+@pytest.mark.parametrize("n, donated", [(BIG, True), (BIG - 1, False), (N, False)])
+def test_keyboard_interrupt_returns_the_newest_state_when_it_was_donated(n, donated):
+    """Sets of 5 steps; the sink stops on the second (steps 6..10) while the chunk of steps 11..15
+    runs. A donated state is gone once passed on, so the run returns the newest it holds; a
+    state too small to be donated is kept, and the run returns the state at the last step that
+    every sink took (5: the second set did not reach the failing sink)."""
+    state = {"x": jnp.linspace(-1.0, 1.0, n, dtype=jnp.float32), "v": jnp.zeros(n, jnp.float32)}
     mem = MemorySink()
     with pytest.raises(KeyboardInterrupt) as info:
-        jl.run(osc, STATE, 50, record={"e": energy}, sinks=[mem, CountingSink(fail_at=2, exc=KeyboardInterrupt())],
+        jl.run(osc, state, 50, record={"e": energy}, sinks=[mem, CountingSink(fail_at=2, exc=KeyboardInterrupt())],
                chunk_budget_bytes=5 * 4, progress=False)
     run = info.value.jaxlog_run
     assert mem.status == "stopped" and mem.steps_done == 10  # it took the batch the next sink stopped on
-    assert run.steps_done >= mem.steps_done  # chunks already dispatched are not thrown away
-    _leaves_equal(run.state, _reference(run.steps_done)[-1])
-    assert not any(leaf.is_deleted() for leaf in jax.tree_util.tree_leaves(STATE))
+    assert run.steps_done == (15 if donated else 5)  # with donation, the chunk dispatched ahead is not lost
+    _leaves_equal(run.state, _reference(run.steps_done, state=state)[-1])
+    assert not any(leaf.is_deleted() for leaf in jax.tree_util.tree_leaves(state))
 
 
 # ---------------------------------------------------------------- compile counting
@@ -709,3 +718,36 @@ def test_reductions_in_views_are_bit_identical_for_any_chunk_and_window(tmp_path
     win = jl.run(step, x0, 15, record=rec, chunk=15, profile=jl.ProfileWindow(4, 6, tmp_path), progress=False)
     _traj_equal(win.trajectory, ref.trajectory)
     win.timings.assert_compiles(0)  # the window's one-step chunks ran the program already compiled
+
+
+@pytest.mark.parametrize("until", [None, lambda s: s["x"][0] > 10.0])
+def test_dispatches_pass_no_host_values(until):
+    """The step numbers, lengths, offsets and flags a dispatch passes are kept on the device:
+    a warm run's chunks (here one per step) and its post-mortem replay transfer none of them."""
+    def go():
+        plain = jl.run(osc_t, STATE_T, 12, record=REC_T, chunk=1, until=until, progress=False)
+        with pytest.raises(jl.InvariantViolation) as info:
+            jl.run(osc_t, STATE_T, 12, record=REC_T, chunk=1, until=until, invariants=[jl.bounded("t", hi=6)],
+                   progress=False)
+        return plain, info.value.jaxlog_run
+
+    warm, warm_violated = go()
+    with jax.transfer_guard_host_to_device("disallow"):
+        plain, violated = go()
+    _traj_equal(plain.trajectory, warm.trajectory)
+    assert violated.steps_done == warm_violated.steps_done == 7
+    _leaves_equal(violated.state, warm_violated.state)
+
+
+def test_kept_values_are_the_values_given_with_their_dtype():
+    from pytest_jaxlog.drive.scalars import KEEP, Scalars
+
+    kept = Scalars(jax.device_put)
+    zero, false = kept.one(np.int32(0)), kept.one(np.bool_(False))
+    assert (zero.dtype, false.dtype) == (jnp.int32, jnp.bool_)
+    assert kept.one(np.int32(0)) is zero  # transferred once
+    for k in range(KEEP + 10):  # past the limit, older values are dropped and made again when asked
+        assert int(kept.one(np.int32(k))) == k
+    again = kept((np.int32(3), np.bool_(True), np.full(3, -1, np.int32), jnp.int32(7)))
+    assert [np.asarray(x).tolist() for x in again] == [3, True, [-1, -1, -1], 7]
+    assert all(isinstance(x, jax.Array) for x in again)

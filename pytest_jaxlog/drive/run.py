@@ -37,6 +37,7 @@ from .postmortem import replay
 from .chunks import Chunk, Fill, Fills, Reader, any_deleted, merge
 from .program import Lane, Plan
 from .signals import sigterm_as_interrupt
+from .scalars import scalars_on
 from .resolve import (AUX_SCHEDULE, LOG_SCHEDULE, log_schedules, n_systems_of, resolve, short_error,
                       state_key_impls, state_paths)
 
@@ -44,6 +45,7 @@ __all__ = ["run", "Run", "auto_chunk"]
 
 DEFAULT_BUDGET = 64 * 2**20
 CHUNK_CAP = 10_000
+DONATE_MIN_BYTES = 1 << 20  # states smaller than this are not donated (see ``run``'s ``donate``)
 STOP_REASONS = ("until", "steps", "violation", "interrupted")
 
 
@@ -286,7 +288,9 @@ def run(step: Callable, state: Any, steps: int, *, record: Any = None, invariant
     folding; its initial state is not recorded again). ``chunk=None``: see :func:`auto_chunk`.
     ``profile``: ProfileWindow(s) whose work steps run one dispatch each inside the trace.
     ``donate``: the carried state is donated to the device between chunks when nothing needs a
-    chunk-start state again (no invariants); the caller's arrays are never donated.
+    chunk-start state again (no invariants, no checkpoints) and it takes 1 MiB or more (below
+    that it saves nothing worth the copy that keeps the caller's arrays: the caller's arrays are
+    never donated).
 
     Invariant violations: the post-mortem states of the last ``postmortem`` steps up to the run's
     first violating step are attached to the sinks (replayed from a kept chunk-start state), and
@@ -363,19 +367,20 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
     n_state = len(leaves)
     # with invariants, chunk-start states are kept for the post-mortem: no donation
     # with checkpoints, the state at each written step is kept for one (on a stop, too)
-    use_donate = cfg.donate and not cfg.invariants and cfg.checkpoint is None
+    # a small state is not donated: the copy that keeps the caller's arrays costs more than it saves
+    state_bytes = sum(x.nbytes for x in leaves)
+    use_donate = (cfg.donate and not cfg.invariants and cfg.checkpoint is None
+                  and state_bytes >= DONATE_MIN_BYTES)
     fn = program.chunk_donate if use_donate else program.chunk
     device = next(iter(leaves[0].devices())) if leaves else None
     committed = bool(leaves) and getattr(leaves[0], "committed", False)
-    state_bytes = 0 if use_donate else sum(x.nbytes for x in leaves)
     key = shards.place(key, mesh_rep)
     no_masks = tuple(np.zeros(plan.length, dtype=bool) for _ in plan.host_masks)
     batched_until = cfg.until is not None and plan.n_systems is not None
 
-    def placed(stops: np.ndarray) -> Any:
-        return stops if mesh_rep is None else shards.place(stops, mesh_rep)
-
-    stopped = placed(np.full((plan.n_systems,) if batched_until else (), -1, np.int32))  # until=: where it stopped
+    # the dispatches' small host values, kept on the device where the other arguments are placed
+    kept = scalars_on(device, committed, mesh_rep)
+    stopped = kept.one(np.full((plan.n_systems,) if batched_until else (), -1, np.int32))  # until=: where it stopped
     meta = {"driver": "run", "steps": cfg.steps, "start_step": start_step, "chunk": chunk, "dt": cfg.dt,
             "has_aux": cfg.has_aux, "batched": cfg.batched is not False, "keyed": cfg.keyed,
             "until": cfg.until is not None}
@@ -394,7 +399,7 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
     checkpointer = None if cfg.checkpoint is None else _Checkpointer.of(cfg, pipe, schema, state)
     # buffers go where the state is committed (uncommitted: the default device, and uncommitted too, or
     # the program would compile again for the mix of committed and uncommitted arguments)
-    fills = Fills(plan, shapes, device if committed else None, cfg.budget, state_bytes, close_at=cfg.checkpoint,
+    fills = Fills(plan, shapes, device if committed else None, cfg.budget, 0 if use_donate else state_bytes, close_at=cfg.checkpoint,
                   placement=leaves[0].sharding if committed else None, sharded=mesh_rep is not None)
     reader = Reader(plan, shapes, device.platform if device is not None else jax.default_backend(), layout)
     chunk_program = None  # (jitted chunk, plan, its arguments' Signature), for run.compiled_chunk()
@@ -404,8 +409,8 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
 
     def one_step(carry, k):  # the post-mortem replay: the run's own program, one step (never donating the state)
         bufs = replay_bufs.pop() if replay_bufs else fills.spare()
-        out = program.chunk(plan, carry[0], bufs, key, program.control(k, 1, 0, 0), program.empty_counts(plan),
-                            no_masks, carry[1])
+        out = program.chunk(plan, carry[0], bufs, key, kept(program.control(k, 1, 0, 0)),
+                            kept(program.empty_counts(plan)), no_masks, carry[1])
         replay_bufs.append(out["bufs"])
         return out["state"], out["stopped"]
 
@@ -505,7 +510,7 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
         if not open_late:
             open_sinks()
         if cfg.resume is not None:  # the old file's frames, checkpoints and invariants up to the checkpoint
-            stopped = placed(_resume_into(cfg, pipe, schema, np.asarray(stopped), systems_done))
+            stopped = kept.one(_resume_into(cfg, pipe, schema, np.asarray(stopped), systems_done))
         cur = _copy_tree(state) if use_donate else state
         written_state = cur if not use_donate else None
         bar = pipe.progress = _progress(cfg.progress, cfg.steps)
@@ -520,7 +525,7 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
             start_state, start_stopped = cur, stopped
             t0 = now_ns()
             bufs, row0, counts = fills.next(k0, length, flags)
-            args = (plan, cur, bufs, key, program.control(k0, length, row0, flags), counts, masks, stopped)
+            args = (plan, cur, bufs, key, kept(program.control(k0, length, row0, flags)), kept(counts), masks, stopped)
             if chunk_program is None or (not program_bufs and bufs is not None):  # the program later chunks run
                 chunk_program, program_bufs = (fn, plan, program.Signature.of(args[1:])), bufs is not None
             compiles_before, t_call = (tracker.count, time.perf_counter()) if n_chunk == 0 else (0, 0.0)
