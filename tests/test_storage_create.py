@@ -94,6 +94,24 @@ def test_second_writer_in_another_process_fails_naming_the_holder_and_touches_no
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.h5"]  # no lock or temporary file left
 
 
+def test_a_stale_lock_file_is_taken_over_with_only_the_new_holder_in_it(tmp_path):
+    """A lock file a killed writer left (no lock held on it, a longer text in it) is locked and
+    rewritten: it then names the new holder alone, and is gone once the file is done."""
+    from pytest_jaxlog.store.pathlock import lock_path
+
+    path = tmp_path / "t.h5"
+    lock_path(path).write_text("pid 1 on a machine long gone, running a command with a very long name " * 20)
+    schema = simple_schema()
+    w = HDF5Writer(path)
+    w.open(schema, {})
+    holder = lock_path(path).read_text()
+    assert holder.startswith(f"pid {os.getpid()} on ") and "long gone" not in holder
+    w.write(frames_for(schema, 0, 4))
+    w.close("complete", steps_done=4)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.h5"]
+    assert jl.load(path).status == "complete"
+
+
 def test_two_processes_on_one_path_exactly_one_wins(tmp_path):
     path = tmp_path / "t.h5"
     write_file(path, 0.0)  # an older trajectory there

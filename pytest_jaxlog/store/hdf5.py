@@ -363,6 +363,7 @@ class HDF5Writer:
         self._queue = ByteQueue(self.queue_bytes, self.stall_timeout_s)
         self._thread: threading.Thread | None = None
         self._file: h5py.File | None = None
+        self._fixed: dict[str, Any] = {}  # name -> open attribute handle (see ``_open_fixed``)
         self._fd: int | None = None  # our own descriptor on the file: space reservation and trim
         self._space: SpaceReserve | None = None
         self._lock = PathLock(self.path)
@@ -775,6 +776,7 @@ class HDF5Writer:
             group.paths.append(leaf.path)
         if not made:
             self._jl = f["jaxlog"]
+            self._open_fixed()
             return columns
         for group, mapping in self.particles.items():
             pg = f.require_group("particles").create_group(group)
@@ -793,7 +795,21 @@ class HDF5Writer:
         jl.attrs["writer_error"] = _fixed_json("writer_error", None)
         jl.create_group("attachments")
         self._jl = jl
+        self._open_fixed()
         return columns
+
+    def _open_fixed(self) -> None:
+        """Handles on the fixed-size attributes rewritten in place (steps done at every flush,
+        the status at the end): a write through one is a few times cheaper than ``attrs.modify``,
+        which looks the attribute up and checks its type first."""
+        self._fixed = {name: h5py.h5a.open(self._jl.id, name.encode()) for name in _FIXED_ATTRS}
+
+    def _set_fixed(self, name: str, value: Any) -> None:
+        handle = self._fixed.get(name)
+        if handle is not None and handle.valid:
+            handle.write(_fixed_json(name, value))
+        else:  # the file was opened again to finish it (its writer thread died)
+            self._jl.attrs.modify(name, _fixed_json(name, value))
 
     # -- writer thread ----------------------------------------------------------------------
     def _run(self) -> None:
@@ -942,7 +958,7 @@ class HDF5Writer:
     def _flush(self) -> None:
         f = self._file
         bound = self._flushed_end + self._unflushed + _SLACK
-        self._jl.attrs.modify("steps_done", _fixed_json("steps_done", max(self._written_step, 0)))
+        self._set_fixed("steps_done", max(self._written_step, 0))
         f.flush()
         self._check_end(bound)
         self._flushed_end = self._file_end()
@@ -982,15 +998,16 @@ class HDF5Writer:
                 except NoSpace as exc:
                     error = error or exc
             if error is not None:
-                jl.attrs.modify("writer_error", _fixed_json("writer_error", str(error)))
-            jl.attrs.modify("status", _fixed_json("status", status))
-            jl.attrs.modify("steps_done", _fixed_json("steps_done", int(steps_done)))
+                self._set_fixed("writer_error", str(error))
+            self._set_fixed("status", status)
+            self._set_fixed("steps_done", int(steps_done))
             f.flush()
         except BaseException:
             if f is not None:
                 _close_discarding(f)
             raise
         finally:
+            self._fixed = {}  # their ids are closed with the file
             try:
                 if f is not None and f.id.valid:
                     f.close()

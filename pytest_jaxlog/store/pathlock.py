@@ -80,8 +80,11 @@ class PathLock:
             if not same:  # the previous holder removed the file we locked: lock the current one
                 os.close(fd)
                 continue
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, _holder_text().encode(), 0)
+            # written, then cut to its length (a stale holder's longer text): never truncated to
+            # zero, which on ext4 makes the file's close and unlink flush it (~0.1 ms per run)
+            text = _holder_text().encode()
+            os.pwrite(fd, text, 0)
+            os.ftruncate(fd, len(text))
             self._fd = fd
             return
         raise WriterError(f"cannot lock {self.target} for writing: {self.path} keeps being replaced")
