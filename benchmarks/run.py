@@ -211,7 +211,7 @@ def section_sparse(args, rows: list[Row]) -> None:
         "nested, runtime trip count": lambda: jax.block_until_ready(nested_runtime(state, m)),
         "chunk program": _chunk_program_loop(step, state, record, steps, per_dispatch=steps, initial=True),
         "jl.run": lambda: jl.run(step, state, steps, record=record, progress=False),
-    }, 3 * args.repeats)  # tens of milliseconds each, and the pairwise sum's threads make single calls vary 5x
+    }, 5 * args.repeats)  # tens of milliseconds each, and the pairwise sum's threads make single calls vary 5x
     rows.append(Row("sparse", "sparse record (every 100 steps)", f"1024 oscillators, sum |x_i - x_j| every 100 of "
                     f"{steps:,} steps, vs a nested scan computing it then", ratios(times, "jl.run", "nested scan"),
                     target=1.05))
