@@ -399,8 +399,9 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
     checkpointer = None if cfg.checkpoint is None else _Checkpointer.of(cfg, pipe, schema, state)
     # buffers go where the state is committed (uncommitted: the default device, and uncommitted too, or
     # the program would compile again for the mix of committed and uncommitted arguments)
-    fills = Fills(plan, shapes, device if committed else None, cfg.budget, 0 if use_donate else state_bytes, close_at=cfg.checkpoint,
-                  placement=leaves[0].sharding if committed else None, sharded=mesh_rep is not None)
+    fills = Fills(plan, shapes, device if committed else None, cfg.budget, 0 if use_donate else state_bytes,
+                  close_at=cfg.checkpoint, placement=leaves[0].sharding if committed else None,
+                  sharded=mesh_rep is not None)
     reader = Reader(plan, shapes, device.platform if device is not None else jax.default_backend(), layout)
     chunk_program = None  # (jitted chunk, plan, its arguments' Signature), for run.compiled_chunk()
     program_bufs = False  # whether that chunk was given its buffers (a sharded run's first makes them)

@@ -1,9 +1,9 @@
 """The small host values a dispatch passes (step numbers, lengths, offsets, flags), kept on the device.
 
 Why: every numpy argument of a jitted call is a host-to-device transfer on every call, several
-microseconds each on the CPU (more through a GPU's driver), and a chunk's dispatch passes eight:
-half the cost of dispatching a one-step chunk, which a ``chunk=1`` run, a profile window's steps
-and a post-mortem replay pay per step. The values repeat (chunk lengths, offsets into a set of
+microseconds each on the CPU (more through a GPU's driver), and a chunk's dispatch passes six or
+more: half the cost of dispatching a one-step chunk, which a ``chunk=1`` run, a profile window's
+steps and a post-mortem replay pay per step. The values repeat (chunk lengths, offsets into a set of
 buffers, flags, zero counts, and the step numbers of every run of the same length), so each is
 transferred once per placement and reused. The programs never donate them (only the state and
 the buffers), so a kept copy stays valid.
@@ -45,7 +45,7 @@ class Scalars:
         if kept is None:
             if len(self._kept) >= KEEP:
                 for old in list(self._kept)[:KEEP // 2]:
-                    del self._kept[old]
+                    self._kept.pop(old, None)
             kept = self._kept[key] = self._put(x)
         return kept
 
