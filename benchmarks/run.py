@@ -251,7 +251,7 @@ def _chunk_program_loop(step, state, record, steps: int, per_dispatch: int = 1, 
             if rows + n > plan.length:  # the set is full: a fresh one, as the driver takes
                 counts, rows = program.empty_counts(plan), 0
             flags = program.RECORD_INITIAL if initial and k == 0 else 0
-            out = program.chunk(plan, s, bufs[0], None, kept(program.control(k, n, rows, flags)), kept(counts), (),
+            out = program.chunk(plan, s, bufs[0], None, kept.control(k, n, rows, flags), kept(counts), (),
                                 stopped)
             s, bufs[0], counts, rows = out["state"], out["bufs"], out["counts"], rows + n
         return jax.block_until_ready(s)

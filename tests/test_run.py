@@ -207,6 +207,22 @@ def test_scalar_records_are_written_by_one_update_per_step_however_many():
     assert updates(6) == updates(2) > 0
 
 
+def test_a_sparse_records_steps_are_written_on_the_device_only_where_when_decides_them():
+    """A sparse record is taken at every scheduled state the run reaches: the host works its
+    steps out from the schedule, and the program writes only its values. With ``when=`` the
+    steps depend on the state: the program writes them too (one more update)."""
+    def updates(**when):
+        rec = {"x": jl.Record(positions, every=3, **when)}
+        r = jl.run(osc, STATE, 20, record=rec, chunk=7, progress=False)
+        return r, r.compiled_chunk().as_text().count(" dynamic-update-slice(")
+
+    plain, n_plain = updates()
+    kept, n_kept = updates(when=lambda s: s["x"][0] < 10.0)  # always true: the same frames
+    assert n_kept > n_plain > 0
+    np.testing.assert_array_equal(plain.trajectory.steps("x"), np.arange(0, 21, 3))
+    _traj_equal(plain.trajectory, kept.trajectory)
+
+
 def test_a_window_schedule_records_nothing_past_its_stop():
     """window(0, 10) holds at every step up to 10: recorded at those steps only, however the run
     is cut into chunks."""

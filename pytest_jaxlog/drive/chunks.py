@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from ..errors import JaxlogError
 from ..record.frames import Frames, concat_values
 from . import program
 from .program import Plan
@@ -223,8 +224,8 @@ def _layout_of(plan: Plan, shapes: tuple[dict, ...]) -> tuple[tuple, int]:
     if hit is not None and hit[0] is shapes:
         return hit[1], hit[2]
     dense = tuple((p, tuple(sd.shape), str(sd.dtype)) for i in plan.dense for p, sd in shapes[i].items())
-    compact = tuple((m, tuple((p, tuple(sd.shape), str(sd.dtype)) for p, sd in shapes[i].items()))
-                    for i, m in plan.compact)
+    compact = tuple((m, tuple((p, tuple(sd.shape), str(sd.dtype)) for p, sd in shapes[i].items()),
+                     program.keeps_steps(plan.lanes[i])) for i, m in plan.compact)
     key, nbytes = (plan.length, dense, plan.row_buffers, compact), program.buffer_bytes(plan, shapes)
     if len(_LAYOUTS) >= 64:
         _LAYOUTS.pop(next(iter(_LAYOUTS)))
@@ -245,6 +246,10 @@ class Reader:
         self.dense = tuple(RowBuffer(key, key.startswith(program.PACKED), tuple((p, has_initial[p]) for p in paths))
                            for key, paths in plan.row_buffers)
         self.compact = tuple(tuple(shapes[i]) for i, _ in plan.compact)
+        # per compact lane whose steps the program does not keep: its schedule, and whether a
+        # set that records the initial state's frame has it in its first slot
+        self.schedules = tuple(None if program.keeps_steps(plan.lanes[i]) else (plan.lanes[i].schedule, i in plan.initial)
+                               for i, _ in plan.compact)
 
     def start_copy(self, f: Fill) -> None:
         """Accelerators: start the transfer of a full set while the next chunk runs."""
@@ -274,9 +279,15 @@ class Reader:
                     if steps is None:
                         steps = steps_from[lo] = np.arange(f.k0 + lo, f.k0 + ran + 1, dtype=np.int64)
                     frames[path] = (steps, np.ascontiguousarray(rows[lo - lo0:, column]) if buf.shared else rows)
-        for paths, (vals, steps), count in zip(self.compact, bufs["compact"], counts):
+        for paths, (vals, steps), count, scheduled in zip(self.compact, bufs["compact"], counts, self.schedules):
             if count:
-                st = self._rows(steps, 0, count).astype(np.int64)
+                if scheduled is None:
+                    st = self._rows(steps, 0, count).astype(np.int64)
+                else:
+                    st = _scheduled_steps(*scheduled, f.k0, ran, first)
+                    if len(st) != count:
+                        raise JaxlogError(f"internal error: record {paths[0]!r} kept {count} frames for steps "
+                                          f"{f.k0}..{f.k0 + ran}, where its schedule has {len(st)}; please report it")
                 for p in paths:
                     frames[p] = (st, self._rows(vals[p], 0, count, p))
         f.frames = frames
@@ -311,6 +322,14 @@ class Reader:
         if (hi - lo) * _SHORT < arr.shape[0]:  # a set mostly empty: slice on the device, transfer the rows
             return np.asarray(arr[lo:hi])
         return np.asarray(arr)[lo:hi]
+
+
+def _scheduled_steps(schedule: Any, initial: bool, k0: int, ran: int, first: bool) -> np.ndarray:
+    """The steps a compact lane without ``when=`` recorded into a set from step ``k0`` whose
+    ``ran`` steps ran: every scheduled one, after the initial state's where the set has it."""
+    ks = np.arange(k0 + 1, k0 + ran + 1, dtype=np.int64)
+    ks = ks[schedule.mask(ks)]
+    return np.concatenate([np.array([k0], np.int64), ks]) if first and initial else ks
 
 
 def merge(fills: list[Fill]) -> Frames:

@@ -367,12 +367,20 @@ def when_flag(lane: Lane, state: Any) -> Any:
     return flag
 
 
+def keeps_steps(lane: Lane) -> bool:
+    """Whether a compact lane's steps are written on the device beside its values: only where
+    ``when=`` decides them. Other lanes are recorded at every scheduled state the run reaches,
+    so the host works their steps out from the schedule (one kernel and one transfer less)."""
+    return lane.when is not None
+
+
 def buffers(plan: Plan, shapes: tuple[dict, ...], device: Any = None) -> dict:
     """A fresh set of record buffers for ``plan``, on ``device`` (zeros put there from the host:
     ``jnp.zeros`` would compile a program per buffer shape, tens of milliseconds each)."""
     dense = {name: np.zeros((plan.length + 1, *shape), dtype)
              for name, (shape, dtype) in _row_shapes(plan, [shapes[i] for i in plan.dense]).items()}
-    compact = tuple(({p: np.zeros((m, *sd.shape), sd.dtype) for p, sd in shapes[i].items()}, np.zeros(m, np.int32))
+    compact = tuple(({p: np.zeros((m, *sd.shape), sd.dtype) for p, sd in shapes[i].items()},
+                     np.zeros(m, np.int32) if keeps_steps(plan.lanes[i]) else None)
                     for i, m in plan.compact)
     return jax.device_put({"dense": dense, "compact": compact}, device)
 
@@ -405,7 +413,8 @@ def buffer_bytes(plan: Plan, shapes: tuple[dict, ...]) -> int:
     """Bytes of one set of record buffers."""
     def frame(i):
         return sum(int(np.prod(sd.shape, dtype=np.int64)) * np.dtype(sd.dtype).itemsize for sd in shapes[i].values())
-    return sum((plan.length + 1) * frame(i) for i in plan.dense) + sum(m * (frame(i) + 4) for i, m in plan.compact)
+    return sum((plan.length + 1) * frame(i) for i in plan.dense) + \
+        sum(m * (frame(i) + 4 * keeps_steps(plan.lanes[i])) for i, m in plan.compact)
 
 
 def _zeros(plan: Plan, state: Any, key: Any) -> dict:
@@ -414,7 +423,8 @@ def _zeros(plan: Plan, state: Any, key: Any) -> dict:
     shapes = [jax.eval_shape(ln.read, st_shape, aux_shape, log_shape) for ln in plan.lanes]
     dense = {name: jnp.zeros((plan.length + 1, *shape), dtype)
              for name, (shape, dtype) in _row_shapes(plan, [shapes[i] for i in plan.dense]).items()}
-    compact = tuple(({p: jnp.zeros((m, *sd.shape), sd.dtype) for p, sd in shapes[i].items()}, jnp.zeros(m, jnp.int32))
+    compact = tuple(({p: jnp.zeros((m, *sd.shape), sd.dtype) for p, sd in shapes[i].items()},
+                     jnp.zeros(m, jnp.int32) if keeps_steps(plan.lanes[i]) else None)
                     for i, m in plan.compact)
     return {"dense": dense, "compact": compact}
 
@@ -425,7 +435,10 @@ def _put(buf: dict, vals: dict, row: Any) -> dict:
 
 def _put_step(steps: Any, k: Any, slot: Any) -> Any:
     """A compact lane's step number into ``slot``, as ``_put`` writes its values there: a dynamic
-    update, not a scatter (``.at[].set``), which XLA:CPU compiles into a loop of its own."""
+    update, not a scatter (``.at[].set``), which XLA:CPU compiles into a loop of its own. None:
+    the lane's steps are not kept (see ``keeps_steps``)."""
+    if steps is None:
+        return None
     return lax.dynamic_update_index_in_dim(steps, jnp.asarray(k, steps.dtype), slot, 0)
 
 

@@ -226,9 +226,29 @@ class RunConfig:
         return self.start_step + self.steps
 
 
+_LANES: dict = {}  # (record's items, has_aux, aux) -> lanes: what the last runs asked for
+
+
 def _lanes(record: Any, has_aux: bool, aux: Any) -> tuple[Lane, ...]:
     """Views as lanes, then the aux leaves (all every step by default; ``aux=`` chooses which
-    and on which schedule)."""
+    and on which schedule). Kept per ``record=`` contents (its views and records compared as
+    the compiled program's cache compares them): a test suite's runs ask for the same ones
+    again and again."""
+    try:
+        key = (None if record is None else tuple(record.items()), has_aux, aux)
+        found = _LANES.get(key)
+    except (TypeError, AttributeError):  # unhashable parts (an aux= dict), not a dict: made each time
+        key, found = None, None
+    if found is None:
+        found = _make_lanes(record, has_aux, aux)
+        if key is not None:
+            if len(_LANES) >= 64:
+                _LANES.pop(next(iter(_LANES)))
+            _LANES[key] = found
+    return found
+
+
+def _make_lanes(record: Any, has_aux: bool, aux: Any) -> tuple[Lane, ...]:
     lanes = [Lane(s.name, s.schedule, view=s.view, when=s.when) for s in normalize_records(record, reserved=(AUX, LOG))]
     if aux is not None and not has_aux:
         raise JaxlogError("aux= chooses aux leaves to record, but has_aux=False: the step returns only the state")
@@ -410,7 +430,7 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
 
     def one_step(carry, k):  # the post-mortem replay: the run's own program, one step (never donating the state)
         bufs = replay_bufs.pop() if replay_bufs else fills.spare()
-        out = program.chunk(plan, carry[0], bufs, key, kept(program.control(k, 1, 0, 0)),
+        out = program.chunk(plan, carry[0], bufs, key, kept.control(k, 1, 0, 0),
                             kept(program.empty_counts(plan)), no_masks, carry[1])
         replay_bufs.append(out["bufs"])
         return out["state"], out["stopped"]
@@ -526,9 +546,7 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
             start_state, start_stopped = cur, stopped
             t0 = now_ns()
             bufs, row0, counts = fills.next(k0, length, flags)
-            args = (plan, cur, bufs, key, kept(program.control(k0, length, row0, flags)), kept(counts), masks, stopped)
-            if chunk_program is None or (not program_bufs and bufs is not None):  # the program later chunks run
-                chunk_program, program_bufs = (fn, plan, program.Signature.of(args[1:])), bufs is not None
+            args = (plan, cur, bufs, key, kept.control(k0, length, row0, flags), kept(counts), masks, stopped)
             compiles_before, t_call = (tracker.count, time.perf_counter()) if n_chunk == 0 else (0, 0.0)
             if win is not None:
                 if open_window is not win:
@@ -546,6 +564,9 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
                 first_call_s = time.perf_counter() - t_call if tracker.count > compiles_before else 0.0
                 if open_late:
                     open_sinks()
+            if chunk_program is None or (not program_bufs and bufs is not None):  # the program later chunks run
+                # taken once the chunk runs (donated arguments keep their shapes and shardings)
+                chunk_program, program_bufs = (fn, plan, program.Signature.of(args[1:])), bufs is not None
             cur, cur_step, stopped = out["state"], k0 + length, out["stopped"]
             t1 = now_ns()
             if cfg.timeline is not None:

@@ -16,6 +16,8 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from .program import Control, control
+
 KEEP = 4096  # values kept per placement; past it the older half is dropped
 _SMALL = 64  # elements: larger host arrays (per-system masks of a long chunk) are transferred, not kept
 
@@ -23,11 +25,21 @@ _SMALL = 64  # elements: larger host arrays (per-system masks of a long chunk) a
 class Scalars:
     """Device copies of small host values for one placement (``put`` places a host value)."""
 
-    __slots__ = ("_put", "_kept")
+    __slots__ = ("_put", "_kept", "_controls")
 
     def __init__(self, put: Callable[[np.ndarray], Any]):
         self._put = put
         self._kept: dict[tuple, Any] = {}
+        self._controls: dict[tuple, Control] = {}
+
+    def control(self, k0: int, n: int, row0: int, flags: int) -> Control:
+        """:func:`~.program.control` with its values on the device, the whole tuple kept."""
+        key = (k0, n, row0, flags)
+        found = self._controls.get(key)
+        if found is None:
+            _make_room(self._controls)
+            found = self._controls[key] = self(control(k0, n, row0, flags))
+        return found
 
     def __call__(self, values: tuple) -> tuple:
         """``values`` (a tuple or NamedTuple of scalars and arrays) with every host value on the
@@ -43,11 +55,16 @@ class Scalars:
         key = (x.dtype.str, x.shape, x.tobytes())
         kept = self._kept.get(key)
         if kept is None:
-            if len(self._kept) >= KEEP:
-                for old in list(self._kept)[:KEEP // 2]:
-                    self._kept.pop(old, None)
+            _make_room(self._kept)
             kept = self._kept[key] = self._put(x)
         return kept
+
+
+def _make_room(kept: dict) -> None:
+    """Past ``KEEP`` entries, the older half goes (another thread may be dropping them too)."""
+    if len(kept) >= KEEP:
+        for old in list(kept)[:KEEP // 2]:
+            kept.pop(old, None)
 
 
 _PLACEMENTS: dict[Any, Scalars] = {}
