@@ -248,8 +248,8 @@ class Reader:
         self.compact = tuple(tuple(shapes[i]) for i, _ in plan.compact)
         # per compact lane whose steps the program does not keep: its schedule, and whether a
         # set that records the initial state's frame has it in its first slot
-        self.schedules = tuple(None if program.keeps_steps(plan.lanes[i]) else (plan.lanes[i].schedule, i in plan.initial)
-                               for i, _ in plan.compact)
+        self.schedules = tuple(None if program.keeps_steps(plan.lanes[i])
+                               else (plan.lanes[i].schedule, i in plan.initial) for i, _ in plan.compact)
 
     def start_copy(self, f: Fill) -> None:
         """Accelerators: start the transfer of a full set while the next chunk runs."""

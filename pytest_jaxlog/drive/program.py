@@ -20,7 +20,8 @@ How a chunk of work steps ``k0 .. k0+n-1`` (recording steps ``k0+1 .. k0+n``) ru
   set: the initial state's frame; the scalar leaves of one dtype share a buffer, a column each,
   so one update per step writes them all, see ``row_buffers``); sparser lanes are *compact*:
   evaluated only at their scheduled steps, or only where their ``when=`` predicate also holds,
-  and written to the next slot with its step, so only kept rows reach the host. Schedules are
+  and written to the next slot (with its step where ``when=`` decides it: the host works out the
+  others' steps from their schedules), so only kept rows reach the host. Schedules are
   evaluated on the device from the step number (``every``/``at``/``window``; a schedule class the
   program does not know comes as a per-chunk mask computed on the host);
 - where the compact lanes are views with device schedules, the loops are nested like a nested
