@@ -91,6 +91,7 @@ class Fill:
     rows: int = 0  # steps dispatched into it (rows 1..rows, if every chunk ran all its steps)
     closed: bool = False  # no more chunks go into it (it ends at a checkpoint step)
     ran: int | None = None  # steps that ran: known once pulled
+    stopped_at: np.ndarray | None = None  # until=: where the run (each system) stopped, -1 if not, once pulled
     frames: dict = field(default_factory=dict)  # path -> (steps, values), once pulled
 
     @property
@@ -299,7 +300,7 @@ class Reader:
         and no later one (the chunks dispatched after it run no step)."""
         if not self.until:
             return f.rows
-        at = np.asarray(f.out["stopped"])
+        at = f.stopped_at = np.asarray(f.out["stopped"])  # transferred once: the driver reads it too
         if at.size and bool(np.all(at >= 0)):
             return max(0, min(f.rows, int(at.max()) - f.k0))
         return f.rows

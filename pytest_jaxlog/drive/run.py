@@ -479,7 +479,7 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
         for f in batch:
             fills.give(reader.pull(f))
             if cfg.until is not None and stop_reason != "until":
-                at = np.asarray(f.out["stopped"])
+                at = f.stopped_at
                 if systems_done is not None:
                     systems_done[(systems_done < 0) & (at >= 0)] = at[(systems_done < 0) & (at >= 0)]
                 if f.stopped_early or bool(np.all(at >= 0)):
