@@ -224,10 +224,9 @@ def _layout_of(plan: Plan, shapes: tuple[dict, ...]) -> tuple[tuple, int]:
     hit = _LAYOUTS.get(plan)
     if hit is not None and hit[0] is shapes:
         return hit[1], hit[2]
-    dense = tuple((p, tuple(sd.shape), str(sd.dtype)) for i in plan.dense for p, sd in shapes[i].items())
-    compact = tuple((m, tuple((p, tuple(sd.shape), str(sd.dtype)) for p, sd in shapes[i].items()),
-                     program.keeps_steps(plan.lanes[i])) for i, m in plan.compact)
-    key, nbytes = (plan.length, dense, plan.row_buffers, compact), program.buffer_bytes(plan, shapes)
+    specs = program.buffer_specs(plan, shapes)
+    leaves, tree = jax.tree_util.tree_flatten(specs)
+    key, nbytes = (tree, tuple((tuple(sd.shape), str(sd.dtype)) for sd in leaves)), program.buffer_bytes(specs)
     if len(_LAYOUTS) >= 64:
         _LAYOUTS.pop(next(iter(_LAYOUTS)))
     _LAYOUTS[plan] = (shapes, key, nbytes)
@@ -328,8 +327,7 @@ class Reader:
 def _scheduled_steps(schedule: Any, initial: bool, k0: int, ran: int, first: bool) -> np.ndarray:
     """The steps a compact lane without ``when=`` recorded into a set from step ``k0`` whose
     ``ran`` steps ran: every scheduled one, after the initial state's where the set has it."""
-    ks = np.arange(k0 + 1, k0 + ran + 1, dtype=np.int64)
-    ks = ks[schedule.mask(ks)]
+    ks = schedule.steps_between(k0 + 1, k0 + ran)
     return np.concatenate([np.array([k0], np.int64), ks]) if first and initial else ks
 
 

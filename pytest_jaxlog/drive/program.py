@@ -375,15 +375,24 @@ def keeps_steps(lane: Lane) -> bool:
     return lane.when is not None
 
 
+def buffer_specs(plan: Plan, shapes: tuple[dict, ...]) -> dict:
+    """One set of record buffers, as ``ShapeDtypeStruct`` leaves: row buffers of ``C + 1`` rows, and
+    per compact lane its values' slots and, where ``keeps_steps``, its steps' (else None). What
+    :func:`buffers` puts on a device, what a sharded run's program makes itself, what a set
+    weighs and which pooled sets fit (equal specs, interchangeable sets)."""
+    dense = {name: jax.ShapeDtypeStruct((plan.length + 1, *shape), dtype)
+             for name, (shape, dtype) in _row_shapes(plan, [shapes[i] for i in plan.dense]).items()}
+    compact = tuple(({p: jax.ShapeDtypeStruct((m, *sd.shape), sd.dtype) for p, sd in shapes[i].items()},
+                     jax.ShapeDtypeStruct((m,), np.int32) if keeps_steps(plan.lanes[i]) else None)
+                    for i, m in plan.compact)
+    return {"dense": dense, "compact": compact}
+
+
 def buffers(plan: Plan, shapes: tuple[dict, ...], device: Any = None) -> dict:
     """A fresh set of record buffers for ``plan``, on ``device`` (zeros put there from the host:
     ``jnp.zeros`` would compile a program per buffer shape, tens of milliseconds each)."""
-    dense = {name: np.zeros((plan.length + 1, *shape), dtype)
-             for name, (shape, dtype) in _row_shapes(plan, [shapes[i] for i in plan.dense]).items()}
-    compact = tuple(({p: np.zeros((m, *sd.shape), sd.dtype) for p, sd in shapes[i].items()},
-                     np.zeros(m, np.int32) if keeps_steps(plan.lanes[i]) else None)
-                    for i, m in plan.compact)
-    return jax.device_put({"dense": dense, "compact": compact}, device)
+    return jax.device_put(jax.tree_util.tree_map(lambda sd: np.zeros(sd.shape, sd.dtype), buffer_specs(plan, shapes)),
+                          device)
 
 
 class Control(NamedTuple):
@@ -410,24 +419,17 @@ def empty_counts(plan: Plan) -> tuple:
     return tuple(np.int32(0) for _ in plan.compact)
 
 
-def buffer_bytes(plan: Plan, shapes: tuple[dict, ...]) -> int:
-    """Bytes of one set of record buffers."""
-    def frame(i):
-        return sum(int(np.prod(sd.shape, dtype=np.int64)) * np.dtype(sd.dtype).itemsize for sd in shapes[i].values())
-    return sum((plan.length + 1) * frame(i) for i in plan.dense) + \
-        sum(m * (frame(i) + 4 * keeps_steps(plan.lanes[i])) for i, m in plan.compact)
+def buffer_bytes(specs: dict) -> int:
+    """Bytes of one set of record buffers (its :func:`buffer_specs`)."""
+    return sum(int(np.prod(sd.shape, dtype=np.int64)) * np.dtype(sd.dtype).itemsize
+               for sd in jax.tree_util.tree_leaves(specs))
 
 
 def _zeros(plan: Plan, state: Any, key: Any) -> dict:
     """A set of record buffers made inside the program (traced: shapes from the lanes' reads)."""
     st_shape, aux_shape, log_shape = jax.eval_shape(lambda st: apply_logged(plan, key, jnp.int32(0), st), state)
-    shapes = [jax.eval_shape(ln.read, st_shape, aux_shape, log_shape) for ln in plan.lanes]
-    dense = {name: jnp.zeros((plan.length + 1, *shape), dtype)
-             for name, (shape, dtype) in _row_shapes(plan, [shapes[i] for i in plan.dense]).items()}
-    compact = tuple(({p: jnp.zeros((m, *sd.shape), sd.dtype) for p, sd in shapes[i].items()},
-                     jnp.zeros(m, jnp.int32) if keeps_steps(plan.lanes[i]) else None)
-                    for i, m in plan.compact)
-    return {"dense": dense, "compact": compact}
+    shapes = tuple(jax.eval_shape(ln.read, st_shape, aux_shape, log_shape) for ln in plan.lanes)
+    return jax.tree_util.tree_map(lambda sd: jnp.zeros(sd.shape, sd.dtype), buffer_specs(plan, shapes))
 
 
 def _put(buf: dict, vals: dict, row: Any) -> dict:

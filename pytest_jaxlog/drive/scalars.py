@@ -38,13 +38,13 @@ class Scalars:
         found = self._controls.get(key)
         if found is None:
             _make_room(self._controls)
-            found = self._controls[key] = self(control(k0, n, row0, flags))
+            found = self._controls[key] = Control(*map(self.one, control(k0, n, row0, flags)))
         return found
 
     def __call__(self, values: tuple) -> tuple:
-        """``values`` (a tuple or NamedTuple of scalars and arrays) with every host value on the
-        device; device arrays (counts chained from the previous chunk) pass through."""
-        return type(values)(*map(self.one, values)) if hasattr(values, "_fields") else tuple(map(self.one, values))
+        """``values`` with every host value on the device; device arrays (counts chained from the
+        previous chunk) pass through."""
+        return tuple(map(self.one, values))
 
     def one(self, x: Any) -> Any:
         if isinstance(x, jax.Array):
