@@ -240,8 +240,9 @@ def _chunk_program_loop(step, state, record, steps: int, per_dispatch: int = 1, 
                            dt=None, chunk=per_dispatch, profile=None, has_aux=False, batched=False, until=None,
                            on_violation="raise", postmortem=3, progress=None, budget=driver.DEFAULT_BUDGET,
                            timeline=None, donate=False)
-    plan, schema, shapes = driver._resolve(cfg, state)
-    plan = driver._laid_out(plan, driver._capacity(cfg, schema), shapes, pack=True)
+    resolved = driver._resolve(cfg, state)
+    plan, shapes = resolved.plan, resolved.shapes
+    plan = driver._laid_out(plan, driver._capacity(cfg, resolved.schema), shapes, pack=True)
     per_dispatch = min(per_dispatch, plan.length)
     bufs = [program.buffers(plan, shapes)]
     kept = scalars_on(None, False)  # the dispatch's scalars kept on the device, as the driver keeps them

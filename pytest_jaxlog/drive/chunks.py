@@ -33,9 +33,9 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from ..errors import JaxlogError
 from ..record.frames import Frames, concat_values
 from . import program
+from .memo import remember
 from .program import Plan
 
 MAX_WAITING = 256  # chunks written into the set being filled, at most, before it is pulled
@@ -227,10 +227,11 @@ def _layout_of(plan: Plan, shapes: tuple[dict, ...]) -> tuple[tuple, int]:
     specs = program.buffer_specs(plan, shapes)
     leaves, tree = jax.tree_util.tree_flatten(specs)
     key, nbytes = (tree, tuple((tuple(sd.shape), str(sd.dtype)) for sd in leaves)), program.buffer_bytes(specs)
-    if len(_LAYOUTS) >= 64:
-        _LAYOUTS.pop(next(iter(_LAYOUTS)))
-    _LAYOUTS[plan] = (shapes, key, nbytes)
+    remember(_LAYOUTS, plan, (shapes, key, nbytes))
     return key, nbytes
+
+
+_READERS: dict = {}  # (plan, platform) -> (shapes, Reader)
 
 
 class Reader:
@@ -251,6 +252,17 @@ class Reader:
         self.schedules = tuple(None if program.keeps_steps(plan.lanes[i])
                                else (plan.lanes[i].schedule, i in plan.initial) for i, _ in plan.compact)
 
+    @classmethod
+    def of(cls, plan: Plan, shapes: tuple[dict, ...], platform: str, layout: Any = None) -> "Reader":
+        """The reader of ``plan``'s sets: one per plan and platform (it keeps nothing of a run),
+        except over several processes, where each run has its layout."""
+        if layout is not None:
+            return cls(plan, shapes, platform, layout)
+        hit = _READERS.get((plan, platform))
+        if hit is None or hit[0] is not shapes:  # (shapes are cached with the plan: the same object)
+            hit = remember(_READERS, (plan, platform), (shapes, cls(plan, shapes, platform)))
+        return hit[1]
+
     def start_copy(self, f: Fill) -> None:
         """Accelerators: start the transfer of a full set while the next chunk runs."""
         if self.cpu:
@@ -261,7 +273,6 @@ class Reader:
     def pull(self, f: Fill) -> dict:
         """Read ``f``'s rows (blocks until its last chunk ran); sets ``f.ran`` and ``f.frames``.
         Returns the buffers, free for another set."""
-        counts = [int(c) for c in f.out["counts"]]
         f.ran = ran = self._ran(f)
         bufs = f.out.pop("bufs")
         first = bool(f.flags & program.RECORD_INITIAL)
@@ -279,15 +290,15 @@ class Reader:
                     if steps is None:
                         steps = steps_from[lo] = np.arange(f.k0 + lo, f.k0 + ran + 1, dtype=np.int64)
                     frames[path] = (steps, np.ascontiguousarray(rows[lo - lo0:, column]) if buf.shared else rows)
-        for paths, (vals, steps), count, scheduled in zip(self.compact, bufs["compact"], counts, self.schedules):
+        for paths, (vals, steps), count, scheduled in zip(self.compact, bufs["compact"], f.out["counts"],
+                                                          self.schedules):
+            if scheduled is None:  # when= decided on the device: its count and steps come from there
+                count = int(np.asarray(count))
+                st = self._rows(steps, 0, count).astype(np.int64) if count else None
+            else:  # the schedule alone decides: the host knows the steps (the device's count is not read)
+                st = _scheduled_steps(*scheduled, f.k0, ran, first)
+                count = len(st)
             if count:
-                if scheduled is None:
-                    st = self._rows(steps, 0, count).astype(np.int64)
-                else:
-                    st = _scheduled_steps(*scheduled, f.k0, ran, first)
-                    if len(st) != count:
-                        raise JaxlogError(f"internal error: record {paths[0]!r} kept {count} frames for steps "
-                                          f"{f.k0}..{f.k0 + ran}, where its schedule has {len(st)}; please report it")
                 for p in paths:
                     frames[p] = (st, self._rows(vals[p], 0, count, p))
         f.frames = frames
@@ -327,8 +338,10 @@ class Reader:
 def _scheduled_steps(schedule: Any, initial: bool, k0: int, ran: int, first: bool) -> np.ndarray:
     """The steps a compact lane without ``when=`` recorded into a set from step ``k0`` whose
     ``ran`` steps ran: every scheduled one, after the initial state's where the set has it."""
-    ks = schedule.steps_between(k0 + 1, k0 + ran)
-    return np.concatenate([np.array([k0], np.int64), ks]) if first and initial else ks
+    if not (first and initial):
+        return schedule.steps_between(k0 + 1, k0 + ran)
+    return schedule.steps_between(k0, k0 + ran) if schedule.contains(k0) else \
+        np.concatenate([np.array([k0], np.int64), schedule.steps_between(k0 + 1, k0 + ran)])
 
 
 def merge(fills: list[Fill]) -> Frames:

@@ -18,8 +18,8 @@ import numpy as np
 
 from ..errors import JaxlogError
 from ..record.frames import LeafSpec, Schema
-from ..record.records import AUX, LOG, RecordSpec, leaf_paths
-from ..record.schedule import Every, Schedule
+from ..record.records import AUX, LOG, check_name, leaf_paths
+from ..record.schedule import Every, Schedule, as_schedule
 from .log import Shapes, collect, has_logs, shapes_and_logs
 
 AUX_SCHEDULE = Every(1, start=1)  # aux comes out of the application k -> k+1: recorded at k+1
@@ -61,9 +61,6 @@ def log_schedules(logs: Mapping[str, Any] | None) -> tuple[tuple[str, Schedule],
     """``jl.run(logs=...)``: (log name, schedule) pairs (an int n means every n steps; names not
     listed are recorded every step). Logs come out of the application k -> k+1, like aux, so
     "every step" means steps 1, 2, ..."""
-    from ..record.records import check_name
-    from ..record.schedule import as_schedule
-
     if logs is None:
         return ()
     if not isinstance(logs, Mapping):

@@ -23,15 +23,17 @@ from ..check.invariants import as_list, check_on_violation
 from ..errors import JaxlogError
 from ..profiling.timeline import now_ns
 from ..profiling.timings import CompileTracker
+from ..profiling.window import check_windows
 from ..record.frames import Schema
-from ..record.records import AUX, LOG, RecordSpec, check_name, normalize_records
-from ..record.schedule import Every, Schedule, as_schedule, check_count
+from ..record.records import AUX, LOG, check_name, normalize_records
+from ..record.schedule import Schedule, as_schedule, check_count
 from . import program, shards
 from .checkpoint import META, CheckpointMeta, ResumePoint, check_against, copy_attachments, copy_frames, key_record, state_leaves, \
     step_name
 from .checkpoint import NAME as CHECKPOINT
 from .compiles import run_timings
 from .loggers import ProgressLogger
+from .memo import remember
 from .pipeline import Pipeline, Span
 from .postmortem import replay
 from .chunks import Chunk, Fill, Fills, Reader, any_deleted, merge
@@ -123,10 +125,7 @@ def _capacity(cfg: "RunConfig", schema: Schema) -> int:
     if held is not None and held[0] is schema:  # schemas come from _resolve's cache: computed once
         auto = held[1]
     else:
-        auto = auto_chunk(schema, budget_bytes=cfg.budget)
-        if len(_AUTO) >= 64:
-            _AUTO.pop(next(iter(_AUTO)))
-        _AUTO[(id(schema), cfg.budget)] = (schema, auto)
+        auto = remember(_AUTO, (id(schema), cfg.budget), (schema, auto_chunk(schema, budget_bytes=cfg.budget)))[1]
     if cfg.chunk is None or cfg.chunk <= auto:
         return auto
     return max(2, min(cfg.chunk, cfg.steps))
@@ -242,9 +241,7 @@ def _lanes(record: Any, has_aux: bool, aux: Any) -> tuple[Lane, ...]:
     if found is None:
         found = _make_lanes(record, has_aux, aux)
         if key is not None:
-            if len(_LANES) >= 64:
-                _LANES.pop(next(iter(_LANES)))
-            _LANES[key] = found
+            remember(_LANES, key, found)
     return found
 
 
@@ -359,8 +356,6 @@ def run(step: Callable, state: Any, steps: int, *, record: Any = None, invariant
 
 
 def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) -> Run:
-    from ..profiling.window import check_windows
-
     start_step, end, key = cfg.start_step, cfg.end, cfg.key
     windows = check_windows(cfg.profile, end, start_step) if cfg.profile is not None else ()
     state = _as_arrays(state)
@@ -369,7 +364,8 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
     if cfg.resume is not None:  # what the file's run was, before the step is traced with other arguments
         check_against(cfg.resume, step_fn=cfg.step, schema=None, state=state, key=cfg.key, dt=cfg.dt,
                       n_invariants=len(cfg.invariants))
-    plan, schema, shapes = _resolve(cfg, state)
+    resolved = _resolve(cfg, state)
+    plan, schema, shapes = resolved.plan, resolved.schema, resolved.shapes
     if cfg.resume is not None:
         check_against(cfg.resume, step_fn=cfg.step, schema=schema, state=state, key=cfg.key, dt=cfg.dt,
                       n_invariants=len(cfg.invariants))
@@ -388,7 +384,7 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
     # with invariants, chunk-start states are kept for the post-mortem: no donation
     # with checkpoints, the state at each written step is kept for one (on a stop, too)
     # a small state is not donated: the copy that keeps the caller's arrays costs more than it saves
-    state_bytes = sum(x.nbytes for x in leaves)
+    state_bytes = resolved.state_bytes
     use_donate = (cfg.donate and not cfg.invariants and cfg.checkpoint is None
                   and state_bytes >= DONATE_MIN_BYTES)
     fn = program.chunk_donate if use_donate else program.chunk
@@ -422,7 +418,7 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
     fills = Fills(plan, shapes, device if committed else None, cfg.budget, 0 if use_donate else state_bytes,
                   close_at=cfg.checkpoint, placement=leaves[0].sharding if committed else None,
                   sharded=mesh_rep is not None)
-    reader = Reader(plan, shapes, device.platform if device is not None else jax.default_backend(), layout)
+    reader = Reader.of(plan, shapes, device.platform if device is not None else jax.default_backend(), layout)
     chunk_program = None  # (jitted chunk, plan, its arguments' Signature), for run.compiled_chunk()
     program_bufs = False  # whether that chunk was given its buffers (a sharded run's first makes them)
     first_flags = (program.RECORD_INITIAL if start_step == 0 else 0) | (program.CHECK_INITIAL if cfg.until else 0)
@@ -566,7 +562,8 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
                     open_sinks()
             if chunk_program is None or (not program_bufs and bufs is not None):  # the program later chunks run
                 # taken once the chunk runs (donated arguments keep their shapes and shardings)
-                chunk_program, program_bufs = (fn, plan, program.Signature.of(args[1:])), bufs is not None
+                chunk_program, program_bufs = (fn, plan, _signature(fn, plan, resolved, args[1:], leaves)), \
+                    bufs is not None
             cur, cur_step, stopped = out["state"], k0 + length, out["stopped"]
             t1 = now_ns()
             if cfg.timeline is not None:
@@ -653,7 +650,10 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
         w = windows[0]
         ran = range(w.start, min(w.stop, written_step - 1) + 1)
         window_s = w.trace().step_seconds(ran) if len(ran) else None
-    jax.block_until_ready(cur)
+    done = jax.tree_util.tree_leaves(cur)
+    if not all(getattr(x, "is_ready", bool)() for x in done):  # (its last chunk was pulled: it is, unless until=
+        # or no record; typed keys cannot say)
+        jax.block_until_ready(done)
     t_done = time.perf_counter()
     stepping_s = None if t_loop is None else t_done - t_loop - first_call_s
     timings = run_timings(tracker, t_done - t_start, written_step - start_step, window_s, state_leaves=n_state,
@@ -721,6 +721,7 @@ def _resume_into(cfg: RunConfig, pipe: Pipeline, schema: Schema, stopped: np.nda
 
 
 _RESOLVED: dict = {}
+_SIGNATURES: dict = {}  # (program, plan, id(resolved)) -> (resolved, an uncommitted run's Signature)
 _LAID_OUT: dict = {}  # (resolved plan, capacity, its shapes, pack) -> (shapes, the plan laid out, interned)
 _AUTO: dict = {}  # (id(schema), budget) -> (schema, auto_chunk)
 
@@ -730,10 +731,19 @@ def _aval_key(tree):
     return treedef, tuple((tuple(x.shape), x.dtype, bool(getattr(x, "weak_type", False))) for x in leaves)
 
 
-def _resolve(cfg: RunConfig, state) -> tuple[Plan, Schema, tuple]:
-    """The run's plan (without its chunk layout), schema and per-lane frame shapes; cached per
-    (step, records, state shapes) like jit caches (tracing the step and every view costs milliseconds, which matters
-    for short runs)."""
+class Resolved(NamedTuple):
+    """What a kernel, its records and its state's types make of a run, worked out before any
+    step runs; cached per (step, records, state shapes) like jit caches (tracing the step and
+    every view costs milliseconds, which matters for short runs)."""
+
+    plan: Plan  # without its chunk layout (see ``_laid_out``)
+    schema: Schema
+    shapes: tuple[dict, ...]  # per lane: leaf path -> frame ShapeDtypeStruct
+    state_bytes: int  # device memory the state takes
+
+
+def _resolve(cfg: RunConfig, state) -> Resolved:
+    """The run's :class:`Resolved`, from the cache when the step, records and state types were seen."""
     ck = (cfg.step, cfg.lanes, _aval_key(state), _aval_key(cfg.key), cfg.has_aux, cfg.batched, cfg.until, cfg.dt,
           cfg.logs, cfg.log_capacity)
     try:
@@ -769,11 +779,21 @@ def _resolve(cfg: RunConfig, state) -> tuple[Plan, Schema, tuple]:
                     dt=cfg.dt, log_capacity=cfg.log_capacity)
     plan, schema = dataclasses.replace(plan, lanes=found.lanes), found.schema
     shapes = tuple({leaf.path: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in mine} for mine in found.per_lane)
-    if ck is not None:
-        if len(_RESOLVED) >= 64:
-            _RESOLVED.pop(next(iter(_RESOLVED)))
-        _RESOLVED[ck] = (plan, schema, shapes)
-    return plan, schema, shapes
+    resolved = Resolved(plan, schema, shapes, sum(x.nbytes for x in jax.tree_util.tree_leaves(state)))
+    return resolved if ck is None else remember(_RESOLVED, ck, resolved)
+
+
+def _signature(fn: Callable, plan: Plan, resolved: Resolved, args: tuple, state_leaves: list) -> program.Signature:
+    """The chunk's argument signature, for ``run.compiled_chunk()``. With nothing committed it
+    follows from the program and what was resolved (the state's and key's types; the buffers,
+    the scalars and the masks are the plan's), so it is read from the arguments once per kernel;
+    committed or sharded arguments are read every time (their shardings are the caller's)."""
+    if any(getattr(x, "committed", False) for x in state_leaves):
+        return program.Signature.of(args)
+    hit = _SIGNATURES.get((fn, plan, id(resolved)))
+    if hit is None or hit[0] is not resolved:  # (the entry keeps ``resolved``, so its id is its own)
+        hit = remember(_SIGNATURES, (fn, plan, id(resolved)), (resolved, program.Signature.of(args)))
+    return hit[1]
 
 
 def _laid_out(plan: Plan, capacity: int, shapes: tuple[dict, ...], pack: bool) -> Plan:
@@ -783,10 +803,8 @@ def _laid_out(plan: Plan, capacity: int, shapes: tuple[dict, ...], pack: bool) -
     key = (plan, capacity, id(shapes), pack)
     hit = _LAID_OUT.get(key)
     if hit is None:
-        hit = (shapes, program.intern(dataclasses.replace(plan, **program.layout(plan.lanes, capacity, shapes, pack))))
-        if len(_LAID_OUT) >= 64:
-            _LAID_OUT.pop(next(iter(_LAID_OUT)))
-        _LAID_OUT[key] = hit
+        hit = remember(_LAID_OUT, key, (shapes, program.intern(
+            dataclasses.replace(plan, **program.layout(plan.lanes, capacity, shapes, pack)))))
     return hit[1]
 
 
@@ -818,6 +836,9 @@ def _as_arrays(state):
     naming it (jl.run carries the whole state through its device loop: configuration belongs in
     the step's closure). Weak types (Python scalars, ``jnp.asarray(1.0)``) are made strong once,
     here, so the first chunk and the later ones compile to one program."""
+    if all(isinstance(x, jax.Array) and not getattr(x, "weak_type", True) and not x.is_deleted()
+           for x in jax.tree_util.tree_leaves(state)):
+        return state  # (a test's runs mostly pass such states: nothing to look at leaf by leaf)
     pairs, treedef = jax.tree_util.tree_flatten_with_path(state)
     out = []
     for kp, leaf in pairs:
