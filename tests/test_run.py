@@ -635,7 +635,7 @@ def test_compiles_count_the_step_function_once_per_run(tmp_path):
     tl = Timeline()
     cold = go(jl.ProfileWindow(7, 8, tmp_path), tl)
     # one program for chunks of 5, the window's one-step chunks and the short last chunk
-    assert [ev.function for ev in cold.timings.compile_events] == ["chunk_impl"]
+    assert [(ev.function, ev.args) for ev in cold.timings.compile_events] == [("chunk_impl", ("s32[]", f"f32[{N}]", f"f32[{N}]"))]  # t, v, x
     cold.timings.assert_compiles(1)
     assert cold.timings.compile_s > 0
     warm = go(jl.ProfileWindow(7, 8, tmp_path))  # the same chunk lengths: all compiled already

@@ -99,6 +99,22 @@ def test_filter_and_all_events_and_nesting():
     assert len(only_step.all_events) >= 2  # unfiltered view keeps the rest
 
 
+def test_a_tracker_not_reading_arguments_leaves_the_compile_log_alone_and_still_counts():
+    logger = logging.getLogger("jax._src.interpreters.pxla")
+    before = (logger.level, list(logger.handlers), logger.propagate)
+    step = _make_step()
+    with CompileTracker(step, read_args=False) as light:
+        assert (logger.level, list(logger.handlers), logger.propagate) == before
+        step(jnp.ones((5, 3)), jnp.float32(0.5))
+        with CompileTracker(step) as reading:  # one that reads them, open at the same time
+            assert logger.level == logging.DEBUG or logger.getEffectiveLevel() <= logging.DEBUG
+            step(jnp.ones((6, 3)), jnp.float32(0.5))
+        assert (logger.level, list(logger.handlers), logger.propagate) == before
+    assert [ev.args for ev in light.events] == [None, ("f32[6,3]", "f32[]")]
+    assert [ev.args for ev in reading.events] == [("f32[6,3]", "f32[]")]
+    assert all(ev.seconds > 0 for ev in light.events)
+
+
 def test_tracker_restores_logging_and_is_quiet(caplog):
     logger = logging.getLogger("jax._src.interpreters.pxla")
     before = (logger.level, list(logger.handlers))

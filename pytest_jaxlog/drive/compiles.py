@@ -3,24 +3,33 @@ compilations that happened during this run: 0 when all was cached)."""
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+import threading
+from typing import Any, Sequence
 
-from ..profiling.timings import CompileTracker, Timings
+from ..profiling.timings import CompileTracker, Timings, describe_avals
 
 
 def run_timings(tracker: CompileTracker, wall_s: float, steps: int, window: Any = None, *,
-                state_leaves: int | None = None, stepping_s: float | None = None) -> Timings:
-    """``state_leaves=n`` (``jl.run``): the tracked programs all take the state's ``n`` leaves first
-    and carry the step function; ``compiles`` counts the distinct state signatures they were
-    compiled for, so the program and the post-mortem replay of one kernel count once, while every
-    new state shape/dtype/weak type counts again; ``from_cache`` counts the signatures whose
-    programs all came from JAX's persistent compilation cache."""
+                state_leaves: Sequence[Any] | None = None, stepping_s: float | None = None) -> Timings:
+    """``state_leaves`` (``jl.run``, whose tracked programs all take the state's leaves first and
+    carry the step function): the compilations are this thread's (the run's own), and
+    ``compiles`` counts the distinct state signatures they were compiled for, so the program and
+    the post-mortem replay of one kernel count once, while every new state shape/dtype/weak type
+    counts again; ``from_cache`` counts the signatures whose programs all came from JAX's
+    persistent compilation cache. A compilation whose arguments the tracker did not read
+    (``CompileTracker(read_args=False)``) has the state's leaf types as its ``args``."""
     t = tracker.timings(wall_s, steps, window)
     t.stepping_s = stepping_s
     if state_leaves is not None:
+        n, thread = len(state_leaves), threading.current_thread().name
+        mine = [ev if ev.args is not None else dataclasses.replace(ev, args=describe_avals(state_leaves))
+                for ev in t.compile_events if ev.thread == thread]
         by_sig: dict = {}
-        for i, ev in enumerate(t.compile_events):
-            by_sig.setdefault(ev.args[:state_leaves] if ev.args is not None else ("?", i), []).append(ev)
+        for ev in mine:
+            by_sig.setdefault(ev.args[:n], []).append(ev)
+        t.compile_events = tuple(mine)
         t.compiles = len(by_sig)
+        t.compile_s = float(sum(ev.seconds or 0.0 for ev in mine))
         t.from_cache = sum(all(ev.cached for ev in evs) for evs in by_sig.values())
     return t

@@ -347,7 +347,7 @@ def run(step: Callable, state: Any, steps: int, *, record: Any = None, invariant
                     logs=log_schedules(logs), log_capacity=log_capacity,
                     checkpoint=None if checkpoint is None else as_schedule(checkpoint, "checkpoint="), resume=_resume)
     t0 = time.perf_counter()
-    with sigterm_as_interrupt(), CompileTracker(program.chunk_impl) as tracker:
+    with sigterm_as_interrupt(), CompileTracker(program.chunk_impl, read_args=False) as tracker:
         try:
             return _run(cfg, state, t0, tracker)
         finally:
@@ -380,7 +380,6 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
     # one program, any length; scalar records share row buffers unless the state is sharded
     plan = _laid_out(plan, capacity, shapes, pack=mesh_rep is None and shards.process_count() == 1)
     leaves = jax.tree_util.tree_leaves(state)
-    n_state = len(leaves)
     # with invariants, chunk-start states are kept for the post-mortem: no donation
     # with checkpoints, the state at each written step is kept for one (on a stop, too)
     # a small state is not donated: the copy that keeps the caller's arrays costs more than it saves
@@ -630,7 +629,7 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
             written_state, state_step = (cur, cur_step) if not any_deleted(cur) else (None, written_step)
         exc.jaxlog_run = Run(written_state, state_step,
                              run_timings(tracker, time.perf_counter() - t_start, state_step - start_step,
-                                         state_leaves=n_state),
+                                         state_leaves=leaves),
                              pipe.first, pipe.artifacts, schema, chunk, status, pipe, stop_reason="interrupted",
                              systems_done=systems_done, _chunk_program=chunk_program)
         raise
@@ -656,7 +655,7 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
         jax.block_until_ready(done)
     t_done = time.perf_counter()
     stepping_s = None if t_loop is None else t_done - t_loop - first_call_s
-    timings = run_timings(tracker, t_done - t_start, written_step - start_step, window_s, state_leaves=n_state,
+    timings = run_timings(tracker, t_done - t_start, written_step - start_step, window_s, state_leaves=leaves,
                           stepping_s=stepping_s)
     result = Run(cur, written_step, timings, violation, {**pipe.artifacts, **window_artifacts}, schema, chunk,
                  status, pipe, stop_reason=stop_reason, systems_done=systems_done,

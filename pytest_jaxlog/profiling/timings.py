@@ -237,12 +237,16 @@ def _on_duration(event: str, duration: float, **kwargs: Any) -> None:
         t._on_backend_compile(name, float(duration), thread)
 
 
+def _reading(trackers: list["CompileTracker"]) -> bool:
+    return any(t.read_args for t in trackers)
+
+
 def _hook(tracker: "CompileTracker") -> None:
     global _saved_level, _forward_from, _listening
     import jax.monitoring
 
     with _hook_lock:
-        if not _open_trackers:
+        if tracker.read_args and not _reading(_open_trackers):  # the first to read JAX's compile log
             logger = logging.getLogger(_COMPILE_LOGGER)
             _saved_level = logger.level
             if logger.getEffectiveLevel() > logging.DEBUG and logger.propagate:
@@ -250,10 +254,10 @@ def _hook(tracker: "CompileTracker") -> None:
                 logger.setLevel(logging.DEBUG)
                 logger.propagate = False
             logger.addHandler(_handler)
-            if not _listening:
-                jax.monitoring.register_event_duration_secs_listener(_on_duration)
-                jax.monitoring.register_event_listener(_on_event)
-                _listening = True
+        if not _listening:
+            jax.monitoring.register_event_duration_secs_listener(_on_duration)
+            jax.monitoring.register_event_listener(_on_event)
+            _listening = True
         _open_trackers.append(tracker)
 
 
@@ -264,7 +268,7 @@ def _unhook(tracker: "CompileTracker") -> None:
     with _hook_lock:
         if tracker in _open_trackers:
             _open_trackers.remove(tracker)
-        if not _open_trackers:
+        if tracker.read_args and not _reading(_open_trackers):  # the last to read it: the log as it was
             logger = logging.getLogger(_COMPILE_LOGGER)
             logger.removeHandler(_handler)
             if _forward_from is not None:
@@ -272,6 +276,7 @@ def _unhook(tracker: "CompileTracker") -> None:
                 _forward_from = None
             if _saved_level is not None:
                 logger.setLevel(_saved_level)
+        if not _open_trackers:
             # jax < 0.8.1 has no public unregister: there the listeners stay registered for the
             # process, and with no tracker open ``_on_duration`` and ``_on_event`` have nobody to tell.
             unregister = getattr(jax.monitoring, "unregister_event_duration_listener", None)
@@ -295,9 +300,16 @@ class CompileTracker:
     are the counted ones, ``.all_events`` everything seen. Compilations on other threads are seen
     too: the JAX hooks are global. Trackers nest and may overlap in time; the logger level is
     restored when the last one exits.
+
+    ``read_args=False``: the argument types are not read, and JAX's compile log is left as it
+    is (lowering its level and restoring it costs ~10 µs per tracker, more in a process with
+    many loggers: a driver that opens one per run knows its arguments itself). Events then have
+    ``args=None``, unless a tracker that reads them is open at the same time.
     """
 
-    def __init__(self, *functions: Callable | str, exclude: Iterable[Callable | str] = (), eager: bool = False):
+    def __init__(self, *functions: Callable | str, exclude: Iterable[Callable | str] = (), eager: bool = False,
+                 read_args: bool = True):
+        self.read_args = bool(read_args)
         self.functions = frozenset(_names(functions))
         self.exclude = frozenset(_names(exclude))
         self.eager = bool(eager)
