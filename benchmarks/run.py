@@ -15,9 +15,10 @@ Workloads ("standard": total and kinetic energy every step, positions every 10 s
 + ``conserved`` invariants, the HDF5 writer into a temporary directory):
 
 - ``sparse``: 1024 oscillators, an expensive pairwise observable (``sum |x_i - x_j|``, 10^6 pairs)
-  recorded every 100 steps: ``jl.run`` against a nested scan that computes it only then
-  (target <= 1.05x), and the run's chunk program alone (one dispatch, no host work) and the
-  nested scan with a runtime inner trip count against it, and the run's time beyond its program;
+  recorded every 100 of 50,000 steps: ``jl.run`` against a nested scan that computes it only
+  then (target <= 1.05x), and the run's chunk program alone (one dispatch, no host work) and the
+  nested scan with a runtime inner trip count against it, the run's time beyond its program,
+  and a 10,000-step run against its nested scan;
 - ``fixed``: fixed costs. Host work per chunk: ``jl.run(chunk=1)`` (standard workload) against a
   loop that only dispatches the same compiled chunk program, per step (target <= 100 us beyond
   it; a loop of the bare jitted step is shown too). A 1,000-step and a 10,000-step oscillator run
@@ -181,37 +182,50 @@ class Files:
 
 
 # --------------------------------------------------------------------------------- sections
+SPARSE_STEPS = 50_000  # ~90 ms of the nested scan on 2 CPU cores, nearly all of it the pairwise sums
+SPARSE_SHORT = 10_000  # a shorter run of it, where the run's own fixed costs weigh 5x more
+
+
 def section_sparse(args, rows: list[Row]) -> None:
-    steps = 2_000 if args.quick else 10_000
     step, state, _, _ = oscillators(1024)
 
     def pair(s):
         return jnp.sum(jnp.abs(s.x[:, None] - s.x[None, :]))
 
-    @jax.jit
-    def nested(s):
-        def outer(c, _):
-            c = lax.scan(lambda c, _: (step(c), None), c, None, length=100)[0]
-            return c, pair(c)
+    def nested_scan(steps: int):
+        @jax.jit
+        def nested(s):
+            def outer(c, _):
+                c = lax.scan(lambda c, _: (step(c), None), c, None, length=100)[0]
+                return c, pair(c)
 
-        return pair(s), lax.scan(outer, s, None, length=steps // 100)
+            return pair(s), lax.scan(outer, s, None, length=steps // 100)
 
-    @jax.jit
-    def nested_runtime(s, m):  # the same with the inner trip count a runtime value, as a chunk program has it
-        def outer(c, _):
-            c = lax.while_loop(lambda c: c[0] < m, lambda c: (c[0] + 1, step(c[1])), (jnp.int32(0), c))[1]
-            return c, pair(c)
+        return lambda: jax.block_until_ready(nested(state))
 
-        return pair(s), lax.scan(outer, s, None, length=steps // 100)
+    def nested_runtime(steps: int):  # the same with the inner trip count a runtime value, as a chunk program has it
+        @jax.jit
+        def nested(s, m):
+            def outer(c, _):
+                c = lax.while_loop(lambda c: c[0] < m, lambda c: (c[0] + 1, step(c[1])), (jnp.int32(0), c))[1]
+                return c, pair(c)
+
+            return pair(s), lax.scan(outer, s, None, length=steps // 100)
+
+        m = jnp.int32(100)
+        return lambda: jax.block_until_ready(nested(state, m))
 
     record = {"pair": jl.Record(pair, every=100)}
-    m = jnp.int32(100)
+    steps, short = (5_000, 2_000) if args.quick else (SPARSE_STEPS, SPARSE_SHORT)
+    # tens of milliseconds each, and the pairwise sum's threads make single calls vary 5x: more repeats
     times = interleaved({
-        "nested scan": lambda: jax.block_until_ready(nested(state)),
-        "nested, runtime trip count": lambda: jax.block_until_ready(nested_runtime(state, m)),
+        "nested scan": nested_scan(steps),
+        "nested, runtime trip count": nested_runtime(steps),
         "chunk program": _chunk_program_loop(step, state, record, steps, per_dispatch=steps, initial=True),
         "jl.run": lambda: jl.run(step, state, steps, record=record, progress=False),
-    }, 5 * args.repeats)  # tens of milliseconds each, and the pairwise sum's threads make single calls vary 5x
+        "nested scan, short": nested_scan(short),
+        "jl.run, short": lambda: jl.run(step, state, short, record=record, progress=False),
+    }, 5 * args.repeats)
     rows.append(Row("sparse", "sparse record (every 100 steps)", f"1024 oscillators, sum |x_i - x_j| every 100 of "
                     f"{steps:,} steps, vs a nested scan computing it then", ratios(times, "jl.run", "nested scan"),
                     target=1.05))
@@ -224,6 +238,8 @@ def section_sparse(args, rows: list[Row]) -> None:
     rows.append(Row("sparse", "sparse: a runtime inner trip count", "the nested scan with its inner loop a while loop "
                     "to a bound known at run time (as a chunk program of any length has it), vs the nested scan",
                     ratios(times, "nested, runtime trip count", "nested scan")))
+    rows.append(Row("sparse", "sparse record, a shorter run", f"the same, {short:,} steps (the run's own fixed "
+                    "costs weigh 5x more)", ratios(times, "jl.run, short", "nested scan, short")))
 
 
 def _chunk_program_loop(step, state, record, steps: int, per_dispatch: int = 1, initial: bool = False):
