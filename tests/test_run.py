@@ -767,3 +767,26 @@ def test_kept_values_are_the_values_given_with_their_dtype():
     again = kept((np.int32(3), np.bool_(True), np.full(3, -1, np.int32), jnp.int32(7)))
     assert [np.asarray(x).tolist() for x in again] == [3, True, [-1, -1, -1], 7]
     assert all(isinstance(x, jax.Array) for x in again)
+
+
+def test_the_compiled_chunk_is_the_program_each_run_dispatched_committed_or_not():
+    """``run.compiled_chunk()`` lowers the program again from the arguments' signature: read once
+    per kernel when nothing the caller gave is committed, and from the arrays when it is (their
+    shardings are part of what jit compiled)."""
+    from pytest_jaxlog import CompileTracker
+
+    rec = {"e": energy}
+    plain = jl.run(osc, STATE, 5, record=rec, progress=False)
+    placed = jl.run(osc, jax.device_put(STATE, jax.devices()[0]), 5, record=rec, progress=False)
+    again = jl.run(osc, STATE, 7, record=rec, progress=False)
+    with CompileTracker() as tracker:
+        texts = [r.compiled_chunk().as_text() for r in (plain, placed, again)]
+    assert tracker.count == 0, tracker.events  # each is a program JAX compiled for its run
+    assert texts[0] == texts[2] and "while" in texts[0]
+
+    def shardings(r):
+        return [sharding for _, _, sharding, _ in r._chunk_program[2].leaves]
+
+    assert again._chunk_program[2] is plain._chunk_program[2]  # the same signature, read once
+    assert all(s is None for s in shardings(plain))
+    assert any(s is not None for s in shardings(placed))

@@ -561,7 +561,7 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
                     open_sinks()
             if chunk_program is None or (not program_bufs and bufs is not None):  # the program later chunks run
                 # taken once the chunk runs (donated arguments keep their shapes and shardings)
-                chunk_program, program_bufs = (fn, plan, _signature(fn, plan, resolved, args[1:], leaves)), \
+                chunk_program, program_bufs = (fn, plan, _signature(fn, plan, resolved, args[1:], [*leaves, key])), \
                     bufs is not None
             cur, cur_step, stopped = out["state"], k0 + length, out["stopped"]
             t1 = now_ns()
@@ -649,10 +649,9 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
         w = windows[0]
         ran = range(w.start, min(w.stop, written_step - 1) + 1)
         window_s = w.trace().step_seconds(ran) if len(ran) else None
-    done = jax.tree_util.tree_leaves(cur)
-    if not all(getattr(x, "is_ready", bool)() for x in done):  # (its last chunk was pulled: it is, unless until=
-        # or no record; typed keys cannot say)
-        jax.block_until_ready(done)
+    final = jax.tree_util.tree_leaves(cur)
+    if not all(getattr(x, "is_ready", bool)() for x in final):  # (its last chunk was pulled: it is, unless
+        jax.block_until_ready(final)                              # until= or no record; typed keys cannot say)
     t_done = time.perf_counter()
     stepping_s = None if t_loop is None else t_done - t_loop - first_call_s
     timings = run_timings(tracker, t_done - t_start, written_step - start_step, window_s, state_leaves=leaves,
@@ -782,12 +781,13 @@ def _resolve(cfg: RunConfig, state) -> Resolved:
     return resolved if ck is None else remember(_RESOLVED, ck, resolved)
 
 
-def _signature(fn: Callable, plan: Plan, resolved: Resolved, args: tuple, state_leaves: list) -> program.Signature:
-    """The chunk's argument signature, for ``run.compiled_chunk()``. With nothing committed it
-    follows from the program and what was resolved (the state's and key's types; the buffers,
-    the scalars and the masks are the plan's), so it is read from the arguments once per kernel;
-    committed or sharded arguments are read every time (their shardings are the caller's)."""
-    if any(getattr(x, "committed", False) for x in state_leaves):
+def _signature(fn: Callable, plan: Plan, resolved: Resolved, args: tuple, given: list) -> program.Signature:
+    """The chunk's argument signature, for ``run.compiled_chunk()``. When none of the arrays the
+    caller gave (``given``: the state's leaves and the key) is committed, it follows from the
+    program and what was resolved (their types; the buffers, the scalars and the masks are the
+    plan's, placed like them), so it is read from the arguments once per kernel; otherwise every
+    time (the shardings are the caller's)."""
+    if any(getattr(x, "committed", False) for x in given):
         return program.Signature.of(args)
     hit = _SIGNATURES.get((fn, plan, id(resolved)))
     if hit is None or hit[0] is not resolved:  # (the entry keeps ``resolved``, so its id is its own)
