@@ -192,22 +192,18 @@ def section_sparse(args, rows: list[Row]) -> None:
     def pair(s):
         return jnp.sum(jnp.abs(s.x[:, None] - s.x[None, :]))
 
-    def nested_scan(steps: int):
-        @jax.jit
-        def nested(s):
-            def outer(c, _):
-                c = lax.scan(lambda c, _: (step(c), None), c, None, length=100)[0]
-                return c, pair(c)
+    def nested_scan(steps: int, runtime: bool = False):
+        """``runtime``: the inner loop a while loop to a bound known at run time, as a chunk
+        program of any length has it."""
+        def inner(c, m):
+            if runtime:
+                return lax.while_loop(lambda c: c[0] < m, lambda c: (c[0] + 1, step(c[1])), (jnp.int32(0), c))[1]
+            return lax.scan(lambda c, _: (step(c), None), c, None, length=100)[0]
 
-            return pair(s), lax.scan(outer, s, None, length=steps // 100)
-
-        return lambda: jax.block_until_ready(nested(state))
-
-    def nested_runtime(steps: int):  # the same with the inner trip count a runtime value, as a chunk program has it
         @jax.jit
         def nested(s, m):
             def outer(c, _):
-                c = lax.while_loop(lambda c: c[0] < m, lambda c: (c[0] + 1, step(c[1])), (jnp.int32(0), c))[1]
+                c = inner(c, m)
                 return c, pair(c)
 
             return pair(s), lax.scan(outer, s, None, length=steps // 100)
@@ -220,7 +216,7 @@ def section_sparse(args, rows: list[Row]) -> None:
     # tens of milliseconds each, and the pairwise sum's threads make single calls vary 5x: more repeats
     times = interleaved({
         "nested scan": nested_scan(steps),
-        "nested, runtime trip count": nested_runtime(steps),
+        "nested, runtime trip count": nested_scan(steps, runtime=True),
         "chunk program": _chunk_program_loop(step, state, record, steps, per_dispatch=steps, initial=True),
         "jl.run": lambda: jl.run(step, state, steps, record=record, progress=False),
         "nested scan, short": nested_scan(short),

@@ -115,6 +115,27 @@ def test_a_tracker_not_reading_arguments_leaves_the_compile_log_alone_and_still_
     assert all(ev.seconds > 0 for ev in light.events)
 
 
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_runs_compilations_are_its_own_threads_counted_by_the_states_types(cached):
+    """``jl.run``'s tracker reads no arguments: its thread's compilations get the state's leaf
+    types, and those of one state signature count once; another thread's are not the run's."""
+    import threading
+
+    from pytest_jaxlog.drive.compiles import run_timings
+
+    me = threading.current_thread().name
+    tracker = CompileTracker("chunk_impl", read_args=False)
+    tracker.all_events += [
+        CompileEvent("jit(chunk_impl)", None, 0.5, me, cached=cached),  # the program
+        CompileEvent("jit(chunk_impl)", ("f32[3]", "s32[]", "f32[9]"), 0.25, me, cached=True),  # args read
+        CompileEvent("jit(chunk_impl)", None, 2.0, "another run's thread"),
+        CompileEvent("jit(helper)", None, 1.0, me),  # not tracked
+    ]
+    t = run_timings(tracker, 1.0, 10, state_leaves=[jnp.ones(3), jnp.int32(0)])
+    assert [ev.args for ev in t.compile_events] == [("f32[3]", "s32[]"), ("f32[3]", "s32[]", "f32[9]")]
+    assert (t.compiles, t.compile_s, t.from_cache) == (1, 0.75, int(cached))
+
+
 def test_tracker_restores_logging_and_is_quiet(caplog):
     logger = logging.getLogger("jax._src.interpreters.pxla")
     before = (logger.level, list(logger.handlers))

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..record.frames import Frames, concat_values
 from . import program
-from .memo import remember
+from .memo import memo
 from .program import Plan
 
 MAX_WAITING = 256  # chunks written into the set being filled, at most, before it is pulled
@@ -216,22 +216,21 @@ def any_deleted(tree: Any) -> bool:
     return any(x.is_deleted() for x in jax.tree_util.tree_leaves(tree) if isinstance(x, jax.Array))
 
 
-_LAYOUTS: dict = {}  # plan -> (shapes, layout key, bytes of a set): plans and shapes are cached per kernel
+_LAYOUTS: dict = {}  # (plan, id(shapes)) -> (shapes, layout key, bytes of a set)
 
 
 def _layout_of(plan: Plan, shapes: tuple[dict, ...]) -> tuple[tuple, int]:
     """The pool key of ``plan``'s buffer sets (equal for equal layouts) and the bytes of one set."""
-    hit = _LAYOUTS.get(plan)
-    if hit is not None and hit[0] is shapes:
-        return hit[1], hit[2]
-    specs = program.buffer_specs(plan, shapes)
-    leaves, tree = jax.tree_util.tree_flatten(specs)
-    key, nbytes = (tree, tuple((tuple(sd.shape), str(sd.dtype)) for sd in leaves)), program.buffer_bytes(specs)
-    remember(_LAYOUTS, plan, (shapes, key, nbytes))
+    def make():
+        specs = program.buffer_specs(plan, shapes)
+        leaves, tree = jax.tree_util.tree_flatten(specs)
+        return shapes, (tree, tuple((tuple(sd.shape), str(sd.dtype)) for sd in leaves)), program.buffer_bytes(specs)
+
+    _, key, nbytes = memo(_LAYOUTS, (plan, id(shapes)), make)
     return key, nbytes
 
 
-_READERS: dict = {}  # (plan, platform) -> (shapes, Reader)
+_READERS: dict = {}  # (plan, id(shapes), platform) -> (shapes, Reader)
 
 
 class Reader:
@@ -258,10 +257,7 @@ class Reader:
         except over several processes, where each run has its layout."""
         if layout is not None:
             return cls(plan, shapes, platform, layout)
-        hit = _READERS.get((plan, platform))
-        if hit is None or hit[0] is not shapes:  # (shapes are cached with the plan: the same object)
-            hit = remember(_READERS, (plan, platform), (shapes, cls(plan, shapes, platform)))
-        return hit[1]
+        return memo(_READERS, (plan, id(shapes), platform), lambda: (shapes, cls(plan, shapes, platform)))[1]
 
     def start_copy(self, f: Fill) -> None:
         """Accelerators: start the transfer of a full set while the next chunk runs."""
@@ -338,10 +334,8 @@ class Reader:
 def _scheduled_steps(schedule: Any, initial: bool, k0: int, ran: int, first: bool) -> np.ndarray:
     """The steps a compact lane without ``when=`` recorded into a set from step ``k0`` whose
     ``ran`` steps ran: every scheduled one, after the initial state's where the set has it."""
-    if not (first and initial):
-        return schedule.steps_between(k0 + 1, k0 + ran)
-    return schedule.steps_between(k0, k0 + ran) if schedule.contains(k0) else \
-        np.concatenate([np.array([k0], np.int64), schedule.steps_between(k0 + 1, k0 + ran)])
+    ks = schedule.steps_between(k0 + 1, k0 + ran)
+    return np.concatenate([np.array([k0], np.int64), ks]) if first and initial else ks
 
 
 def merge(fills: list[Fill]) -> Frames:

@@ -19,17 +19,12 @@ def run_timings(tracker: CompileTracker, wall_s: float, steps: int, window: Any 
     counts again; ``from_cache`` counts the signatures whose programs all came from JAX's
     persistent compilation cache. A compilation whose arguments the tracker did not read
     (``CompileTracker(read_args=False)``) has the state's leaf types as its ``args``."""
-    t = tracker.timings(wall_s, steps, window)
-    t.stepping_s = stepping_s
-    if state_leaves is not None:
+    if state_leaves is None:
+        t = tracker.timings(wall_s, steps, window)
+    else:
         n, thread = len(state_leaves), threading.current_thread().name
         mine = [ev if ev.args is not None else dataclasses.replace(ev, args=describe_avals(state_leaves))
-                for ev in t.compile_events if ev.thread == thread]
-        by_sig: dict = {}
-        for ev in mine:
-            by_sig.setdefault(ev.args[:n], []).append(ev)
-        t.compile_events = tuple(mine)
-        t.compiles = len(by_sig)
-        t.compile_s = float(sum(ev.seconds or 0.0 for ev in mine))
-        t.from_cache = sum(all(ev.cached for ev in evs) for evs in by_sig.values())
+                for ev in tracker.events if ev.thread == thread]
+        t = tracker.timings(wall_s, steps, window, events=mine, signature=lambda ev: ev.args[:n])
+    t.stepping_s = stepping_s
     return t

@@ -33,7 +33,7 @@ from .checkpoint import META, CheckpointMeta, ResumePoint, check_against, copy_a
 from .checkpoint import NAME as CHECKPOINT
 from .compiles import run_timings
 from .loggers import ProgressLogger
-from .memo import remember
+from .memo import memo, remember
 from .pipeline import Pipeline, Span
 from .postmortem import replay
 from .chunks import Chunk, Fill, Fills, Reader, any_deleted, merge
@@ -121,11 +121,8 @@ def _capacity(cfg: "RunConfig", schema: Schema) -> int:
     per dispatch than the memory budget holds) gets a program of its own, of the chunk size or the
     run length if shorter; at least 2 rows either way (XLA folds a loop over one-row buffers into
     straight-line code, which changes the last bits of reductions)."""
-    held = _AUTO.get((id(schema), cfg.budget))
-    if held is not None and held[0] is schema:  # schemas come from _resolve's cache: computed once
-        auto = held[1]
-    else:
-        auto = remember(_AUTO, (id(schema), cfg.budget), (schema, auto_chunk(schema, budget_bytes=cfg.budget)))[1]
+    # schemas come from _resolve's cache: computed once
+    auto = memo(_AUTO, (id(schema), cfg.budget), lambda: (schema, auto_chunk(schema, budget_bytes=cfg.budget)))[1]
     if cfg.chunk is None or cfg.chunk <= auto:
         return auto
     return max(2, min(cfg.chunk, cfg.steps))
@@ -649,9 +646,7 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
         w = windows[0]
         ran = range(w.start, min(w.stop, written_step - 1) + 1)
         window_s = w.trace().step_seconds(ran) if len(ran) else None
-    final = jax.tree_util.tree_leaves(cur)
-    if not all(getattr(x, "is_ready", bool)() for x in final):  # (its last chunk was pulled: it is, unless
-        jax.block_until_ready(final)                              # until= or no record; typed keys cannot say)
+    jax.block_until_ready(cur)
     t_done = time.perf_counter()
     stepping_s = None if t_loop is None else t_done - t_loop - first_call_s
     timings = run_timings(tracker, t_done - t_start, written_step - start_step, window_s, state_leaves=leaves,
@@ -789,22 +784,14 @@ def _signature(fn: Callable, plan: Plan, resolved: Resolved, args: tuple, given:
     time (the shardings are the caller's)."""
     if any(getattr(x, "committed", False) for x in given):
         return program.Signature.of(args)
-    hit = _SIGNATURES.get((fn, plan, id(resolved)))
-    if hit is None or hit[0] is not resolved:  # (the entry keeps ``resolved``, so its id is its own)
-        hit = remember(_SIGNATURES, (fn, plan, id(resolved)), (resolved, program.Signature.of(args)))
-    return hit[1]
+    return memo(_SIGNATURES, (fn, plan, id(resolved)), lambda: (resolved, program.Signature.of(args)))[1]
 
 
 def _laid_out(plan: Plan, capacity: int, shapes: tuple[dict, ...], pack: bool) -> Plan:
     """``plan`` with the chunk layout for ``capacity``, interned; computed once per resolved plan
     and its leaves' shapes (a warm short run's host work is tens of microseconds a piece)."""
-    # shapes: resolved with the plan and cached beside it; the entry keeps them, so their id is theirs
-    key = (plan, capacity, id(shapes), pack)
-    hit = _LAID_OUT.get(key)
-    if hit is None:
-        hit = remember(_LAID_OUT, key, (shapes, program.intern(
-            dataclasses.replace(plan, **program.layout(plan.lanes, capacity, shapes, pack)))))
-    return hit[1]
+    return memo(_LAID_OUT, (plan, capacity, id(shapes), pack), lambda: (shapes, program.intern(
+        dataclasses.replace(plan, **program.layout(plan.lanes, capacity, shapes, pack)))))[1]
 
 
 def _log_lanes(cfg: RunConfig, logged: list[str]) -> tuple[Lane, ...]:

@@ -393,22 +393,32 @@ class CompileTracker:
         return float(sum(ev.seconds or 0.0 for ev in self.events))
 
     def timings(self, wall_s: float, steps: int, window: np.ndarray | None = None, *,
-                distinct: bool = False) -> "Timings":
+                distinct: bool = False, events: Iterable[CompileEvent] | None = None,
+                signature: Callable[[CompileEvent], Any] | None = None) -> "Timings":
         """Build the :class:`Timings` of a run measured while this tracker was open.
 
         ``distinct=True``: ``compiles`` counts distinct signatures (see :meth:`signatures`), for
-        drivers that compile the same step once per chunk length.
+        drivers that compile the same step once per chunk length; ``signature`` says what makes
+        two compilations one instead. ``events``: the compilations to report (default: the
+        counted ones). ``from_cache`` counts the signatures whose programs all came from the cache.
         """
-        events = tuple(self.events)
-        if distinct:
-            sigs = self.signatures()
-            n = len(sigs)
-            cached = sum(all(ev.cached for ev in events if (ev.function, ev.args) == sig) for sig in sigs)
-        else:
+        events = tuple(self.events if events is None else events)
+        if signature is None and distinct:
+            signature = _function_and_args
+        if signature is None:
             n, cached = len(events), sum(ev.cached for ev in events)
+        else:
+            groups: dict = {}
+            for ev in events:
+                groups.setdefault(signature(ev), []).append(ev)
+            n, cached = len(groups), sum(all(ev.cached for ev in evs) for evs in groups.values())
         return Timings(wall_s=float(wall_s), steps=int(steps), compiles=n,
                        compile_s=float(sum(ev.seconds or 0.0 for ev in events)),
                        compile_events=events, window=window, from_cache=cached)
+
+
+def _function_and_args(ev: CompileEvent) -> tuple:
+    return ev.function, ev.args
 
 
 def _names(functions: Iterable[Callable | str]) -> set[str]:

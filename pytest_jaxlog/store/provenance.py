@@ -9,7 +9,6 @@ import datetime
 import platform
 import socket
 import sys
-import time
 from importlib import metadata
 
 
@@ -31,18 +30,7 @@ def provenance() -> dict:
     global _STATIC
     if _STATIC is None:
         _STATIC = _describe()
-    return {**_STATIC, "time": _now()}
-
-
-_NOW: list = [None, ""]  # (the second, its ISO text): short runs open several sinks a second
-
-
-def _now() -> str:
-    """The current UTC time to the second, in ISO 8601."""
-    second = int(time.time())
-    if _NOW[0] != second:
-        _NOW[:] = [second, datetime.datetime.fromtimestamp(second, datetime.timezone.utc).isoformat()]
-    return _NOW[1]
+    return {**_STATIC, "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
 def _describe() -> dict:

@@ -54,15 +54,15 @@ def _read(ds: h5py.Dataset, n: int, index: Any) -> np.ndarray:
     """``values[:n][index]`` with numpy's semantics, reading only the frames ``index`` selects
     (see ``store.selection``)."""
     if index is None:
-        return ds[:n] if n else ds[:0]
+        return ds[:n]
     if 0 in ds.shape[1:]:  # h5py cannot select in zero-size dataspaces; nothing to read anyway
         return np.empty((n, *ds.shape[1:]), dtype=ds.dtype)[index]
     rows, local = select_frames(index, n)
     if rows is None:
-        block = ds[:n] if n else ds[:0]
-    elif isinstance(rows, slice):
-        block = ds[rows] if rows.stop > rows.start else ds[0:0]
-    else:
+        block = ds[:n]
+    elif isinstance(rows, slice):  # a non-empty one, or slice(0, 0)
+        block = ds[rows]
+    else:  # h5py takes no empty index array
         block = ds[rows] if len(rows) else ds[0:0]
     return np.asarray(block)[local]
 
