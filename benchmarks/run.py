@@ -323,7 +323,7 @@ def section_fixed(args, rows: list[Row], files: Files) -> None:
                                                             progress=False),
         }, args.repeats)
         files.clean()
-        rows.append(Row("fixed", f"{steps:,}-step run", f"1024 oscillators, standard workload, vs the scan computing "
+        rows.append(Row("fixed", f"{steps:,}-step run", "1024 oscillators, standard workload, vs the scan computing "
                         "the same records and h5py writing them by hand to a file once it is done",
                         ratios(times, "jl.run", "scan + records, written by hand"), target=target))
         rows.append(Row("fixed", f"{steps:,}-step run vs no file", "the same vs the scan alone, its records kept on "

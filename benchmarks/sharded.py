@@ -45,7 +45,6 @@ sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # references.py
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 

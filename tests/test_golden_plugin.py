@@ -3,10 +3,6 @@ unconditionally); a changed kernel -> fails naming the divergent step; jaxlog_go
 
 from __future__ import annotations
 
-import os
-
-import pytest
-
 import pytest_jaxlog as jl
 from plugin_helpers import no_jaxlog_env  # noqa: F401  (no_jaxlog_env: an autouse fixture)
 
@@ -16,7 +12,7 @@ pytest_plugins = ["pytester"]
 # during a run, and jaxlib/h5py cannot be imported a second time in one process.
 import h5py  # noqa: E402,F401
 import jax.numpy  # noqa: E402,F401
-import pytest_jaxlog.drive.run, pytest_jaxlog.profiling.timeline, pytest_jaxlog.store.hdf5  # noqa: E402,F401
+import pytest_jaxlog.drive.run, pytest_jaxlog.profiling.timeline, pytest_jaxlog.store.hdf5  # noqa: E401,E402,F401
 
 KERNEL = """
 import jax.numpy as jnp

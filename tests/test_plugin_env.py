@@ -5,7 +5,6 @@ warned, goldens written), not only by the parsed values."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import h5py  # noqa: F401  (imported before pytester's inline runs snapshot sys.modules)
@@ -17,7 +16,7 @@ import pytest_jaxlog as jl
 for _name in jl.__all__:  # every jaxlog module loaded now, so classes stay the same objects across inline runs
     getattr(jl, _name)
 
-from plugin_helpers import KERNEL as BASE, no_jaxlog_env  # noqa: F401  (no_jaxlog_env: an autouse fixture)
+from plugin_helpers import KERNEL as BASE, no_jaxlog_env  # noqa: E402,F401  (no_jaxlog_env: an autouse fixture)
 
 pytest_plugins = ["pytester"]
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,7 +5,6 @@ marker, the recorder, and golden checks with ``--jaxlog-regen``. In-process runs
 from __future__ import annotations
 
 import json
-import os
 import xml.etree.ElementTree as ET
 
 import h5py  # noqa: F401  (imported before pytester's inline runs snapshot sys.modules)
@@ -20,7 +19,7 @@ import pytest_jaxlog as jl
 for _name in jl.__all__:
     getattr(jl, _name)
 
-from plugin_helpers import KERNEL, no_jaxlog_env  # noqa: F401  (no_jaxlog_env: an autouse fixture)
+from plugin_helpers import KERNEL, no_jaxlog_env  # noqa: E402,F401  (no_jaxlog_env: an autouse fixture)
 
 pytest_plugins = ["pytester"]
 

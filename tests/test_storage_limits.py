@@ -19,7 +19,6 @@ import pytest
 from storage_helpers import frames_for, simple_schema
 
 import pytest_jaxlog as jl
-from pytest_jaxlog.record.frames import Frames
 from pytest_jaxlog.store.hdf5 import QUEUE_BYTES, HDF5Writer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -79,4 +79,4 @@ def test_failing_checks_show_only_the_test_files_frames(pytester, style):
         assert files and all(f.endswith(path.name) for f in files), (name, files)
         crash = report.longrepr.reprcrash
         assert crash.path.endswith(path.name), (name, crash.path)  # the failure points at the test's line
-        assert crash.message.startswith(f"pytest_jaxlog.") and f"{EXPECTED[name]}: [jaxlog]" in crash.message
+        assert crash.message.startswith("pytest_jaxlog.") and f"{EXPECTED[name]}: [jaxlog]" in crash.message

@@ -745,7 +745,7 @@ def _finish(entries: list[_Entry]) -> dict[str, Any]:
             src, dst = list(range(n, n + v)), list(range(v))
 
             def front(x):
-                return jnp.moveaxis(x, src, dst)
+                return jnp.moveaxis(x, src, dst)  # noqa: B023  (called within this iteration)
 
             tree["value"] = jax.tree_util.tree_map(front, tree["value"])
             for k in e.site.index_names:

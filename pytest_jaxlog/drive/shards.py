@@ -145,7 +145,7 @@ class Layout:
         records = {}
         for path, s in bufs["dense"].items():
             records[path] = record_layout(path, s, plan.length + 1, shapes[path])
-        for (i, m), (vals, _) in zip(plan.compact, bufs["compact"]):
+        for (_, m), (vals, _) in zip(plan.compact, bufs["compact"]):
             for path, s in vals.items():
                 records[path] = record_layout(path, s, m, shapes[path])
         return cls(records)
