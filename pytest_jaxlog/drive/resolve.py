@@ -181,6 +181,25 @@ def n_systems_of(state: Any, batched: bool | int) -> int | None:
     return int(winners[0])
 
 
+def check_system_axes(state: Any, n_systems: int) -> None:
+    """Refuse per-system ``until=`` where a state leaf's system axis cannot be known: a finished
+    system is frozen by keeping its index along the leading axis of every leaf, so each
+    non-scalar leaf must have that axis (scalars are shared by all systems and go on). A leaf
+    with another leading size is a ragged batch (graphs of different sizes concatenated) or an
+    array shared by all systems: freezing could neither pick a system's part of it nor leave it
+    running without the finished system moving on."""
+    for kp, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+        shape = tuple(getattr(leaf, "shape", ()))
+        if shape and shape[0] != n_systems:
+            where = jax.tree_util.keystr(kp) or "(the state)"
+            raise JaxlogError(
+                f"until= per system (batched, {n_systems} systems): state leaf {where} has leading axis {shape[0]}, "
+                f"not the system axis, so a finished system cannot be frozen in it (a ragged batch of systems "
+                f"of different sizes, or an array shared by all systems, whose rows are not one per system); "
+                f"per-system until= needs every non-scalar state leaf to lead with the {n_systems} systems "
+                f"(pad ragged systems to one size), or run it with batched=False and an until= that returns one bool")
+
+
 def _sizes(by_size: dict[int, list[str]]) -> str:
     return "; ".join(f"{n}: {', '.join(v)}" for n, v in sorted(by_size.items()))
 
