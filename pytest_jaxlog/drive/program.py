@@ -420,10 +420,9 @@ def when_flag(lane: Lane, state: Any, plan: Plan | None = None, live: Any = None
                           f"system, shape ({n},) (a finished system is frozen, and one bool for all systems "
                           f"would keep deciding rows on its frozen state), got {flag.dtype}{list(flag.shape)}")
     if flag.dtype != jnp.bool_ or flag.shape != ():
-        per = "" if n is None else f" or one per system, shape ({n},)"
-        raise JaxlogError(f"record {lane.name!r}: when= must return one bool{per} (in batched runs: reduce over "
-                          f"the systems, e.g. jnp.any, or return one bool per system), "
-                          f"got {flag.dtype}{list(flag.shape)}")
+        per = "" if n is None else f" or one bool per system, shape ({n},)"
+        raise JaxlogError(f"record {lane.name!r}: when= must return one bool{per} (in batched runs too: reduce "
+                          f"over the systems, e.g. jnp.any), got {flag.dtype}{list(flag.shape)}")
     return flag
 
 
