@@ -89,7 +89,7 @@ def test_rows_before_a_stop_are_the_plain_chains_and_after_it_as_documented(plai
     np.testing.assert_array_equal(run.systems_done, stops)
     assert run.stop_reason == "steps" and run.steps_done == N_STEPS
     for traj in (run.trajectory, jl.load(tmp_path / "chains.h5")):
-        assert traj.finished_systems == {"views": "frozen", "aux": "invalid", "log": "invalid",
+        assert traj.finished_systems == {"views": "frozen", "aux": "invalid", "step logs": "invalid",
                                          "invalid": {"float": "nan", "complex": "nan", "signed int": "min",
                                                      "unsigned int": "max", "bool": False},
                                          "live": "steps <= systems_done"}

@@ -368,9 +368,9 @@ def _freeze(plan: Plan, done: Any, old: Any, new: Any) -> Any:
 # whose results were thrown away, so it is marked invalid (see ``_invalidate``). ``traj.live``
 # says which rows hold each system's data: those at steps up to its ``systems_done``.
 FINISHED_SYSTEMS = {
-    "views": "frozen",
+    "views": "frozen",  # records of the state, what views log included
     "aux": "invalid",
-    "log": "invalid",
+    "step logs": "invalid",
     "invalid": {"float": "nan", "complex": "nan", "signed int": "min", "unsigned int": "max", "bool": False},
     "live": "steps <= systems_done",
 }

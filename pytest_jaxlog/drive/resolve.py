@@ -298,7 +298,10 @@ def _shared_leaves(lane: Any, state: Any, n_systems: int) -> Callable[[], frozen
     the systems is not one system's value and stays refused. Found from the view's jaxpr, each
     equation's outputs taken to depend on all its inputs (a nested loop or call as a whole)."""
     def find() -> frozenset:
-        closed, out = jax.make_jaxpr(lambda st: view_values(lane.name, lane.view, st), return_shape=True)(state)
+        try:
+            closed, out = jax.make_jaxpr(lambda st: view_values(lane.name, lane.view, st), return_shape=True)(state)
+        except Exception:  # not traceable as a whole: nothing is known to be shared, so nothing is broadcast
+            return frozenset()
         per_system = [bool(getattr(x, "ndim", 0)) and x.shape[0] == n_systems for x in jax.tree_util.tree_leaves(state)]
         flows = {id(v) for v, sys in zip(closed.jaxpr.invars, per_system) if sys}
         for eqn in closed.jaxpr.eqns:

@@ -228,7 +228,7 @@ class Trajectory:
     @property
     def finished_systems(self) -> dict | None:
         """Batched runs with ``until=``: what a finished system's rows hold after its stop, as the
-        run wrote it: ``{"views": "frozen", "aux": "invalid", "log": "invalid", "invalid": {...}}``
+        run wrote it: ``{"views": "frozen", "aux": "invalid", "step logs": "invalid", "invalid": {...}}``
         (views see the state at its stop; the step's aux and logs there are marked invalid: NaN
         for floats, the dtype's minimum or maximum for signed or unsigned ints, False for bools)."""
         summary = self._info.get("summary")
