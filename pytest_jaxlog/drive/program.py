@@ -362,18 +362,20 @@ def _freeze(plan: Plan, done: Any, old: Any, new: Any) -> Any:
     return jax.tree_util.tree_map(pick, old, new)
 
 
-# What a finished system's rows hold after its stop in a batched run with until= (kept in the
-# file's run summary as "finished_systems", read back by ``traj.finished_systems``): views see
-# its frozen state, the state at its stop; what the step returns or logs there comes from steps
-# whose results were thrown away, so it is marked invalid (see ``_invalidate``). ``traj.live``
-# says which rows hold each system's data: those at steps up to its ``systems_done``.
-FINISHED_SYSTEMS = {
-    "views": "frozen",  # records of the state, what views log included
-    "aux": "invalid",
-    "step logs": "invalid",
-    "invalid": {"float": "nan", "complex": "nan", "signed int": "min", "unsigned int": "max", "bool": False},
-    "live": "steps <= systems_done",
-}
+def finished_systems() -> dict:
+    """What a finished system's rows hold after its stop in a batched run with until= (kept in
+    the file's run summary as "finished_systems", read back by ``traj.finished_systems``; a new
+    dict each time, the run's own): views see its frozen state, the state at its stop; what the
+    step returns or logs there comes from steps whose results were thrown away, so it is marked
+    invalid (see ``_invalidate``). ``traj.live`` says which rows hold each system's data: those
+    at steps up to its ``systems_done``."""
+    return {
+        "views": "frozen",  # records of the state, what views log included
+        "aux": "invalid",
+        "step logs": "invalid",
+        "invalid": {"float": "nan", "complex": "nan", "signed int": "min", "unsigned int": "max", "bool": False},
+        "live": "steps <= systems_done",
+    }
 
 
 def _invalid(x: Any) -> Any:
@@ -390,7 +392,7 @@ def _invalid(x: Any) -> Any:
 
 def _invalidate(plan: Plan, done: Any, tree: Any) -> Any:
     """``tree`` (the step's aux or logs) with the rows of the systems ``done`` before the step
-    marked invalid (``FINISHED_SYSTEMS``): their step's results were thrown away."""
+    marked invalid (see ``finished_systems``): their step's results were thrown away."""
     n = plan.n_systems
 
     def mark(x):
