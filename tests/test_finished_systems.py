@@ -177,3 +177,21 @@ def test_ragged_batch_refuses_per_system_until_with_the_reason():
                                              r"leading axis 10, not the system axis.*ragged batch"):
         jl.run(step, state, 10, batched=3, until=lambda s: s["energy"] > 1.0, record={"e": lambda s: s["energy"]},
                progress=False)
+
+
+def test_a_resumed_run_keeps_its_finished_systems_finished(tmp_path):
+    """Checkpointed at step 12 (chain 0 already stopped at its own step) and resumed to the end:
+    the file is the uninterrupted run's, invalid marks and frozen rows included."""
+    whole = _run(5, tmp_path / "whole.h5")
+    record = {"x": lambda s: s["x"], "acc": lambda s: s["acc"], "xs": jl.Record(lambda s: s["x"], every=3)}
+    common = dict(key=KEY, batched=True, has_aux=True, until=until, record=record, logs={"acc_seen": jl.every(2)},
+                  chunk=5, progress=False, checkpoint=jl.every(12))
+    jl.run(batched_step, STATE, 12, sinks=[jl.HDF5Writer(tmp_path / "cut.h5")], **common)
+    assert 0 < int(whole.systems_done[0]) < 12  # a system stopped before the checkpoint
+    resumed = jl.resume(tmp_path / "cut.h5", batched_step, N_STEPS, from_step=12, **common)
+    np.testing.assert_array_equal(resumed.systems_done, whole.systems_done)
+    a, b = jl.load(tmp_path / "whole.h5"), jl.load(tmp_path / "cut.h5")
+    assert b.finished_systems == a.finished_systems
+    for name in a.records:
+        np.testing.assert_array_equal(b.steps(name), a.steps(name))
+        np.testing.assert_array_equal(b[name], a[name], err_msg=name)
