@@ -34,7 +34,8 @@ def plain(steps):
     xs, ts = [np.asarray(x)], [np.asarray(temperature)]
     one = jax.jit(langevin)
     for k in range(steps):
-        keys = jax.vmap(lambda i, k=k: jax.random.fold_in(jax.random.fold_in(KEY, k), i))(jnp.arange(N, dtype=jnp.uint32))
+        key_k = jax.random.fold_in(KEY, k)
+        keys = jax.vmap(lambda i: jax.random.fold_in(key_k, i))(jnp.arange(N, dtype=jnp.uint32))
         x = jnp.stack([one(keys[i], x[i], temperature) for i in range(N)])
         temperature = temperature * 0.9
         xs.append(np.asarray(x))

@@ -124,7 +124,7 @@ def test_any_chunk_size_gives_identical_results():
         np.testing.assert_array_equal(other.systems_done, base.systems_done)
         for name in base.trajectory.records:
             np.testing.assert_array_equal(other.trajectory.steps(name), base.trajectory.steps(name))
-            np.testing.assert_array_equal(other.trajectory[name], base.trajectory[name], err_msg=f"{name} chunk {chunk}")
+            np.testing.assert_array_equal(other.trajectory[name], base.trajectory[name], err_msg=f"{name} {chunk}")
 
 
 def test_when_keeps_no_row_of_a_finished_system(plain):
@@ -133,9 +133,10 @@ def test_when_keeps_no_row_of_a_finished_system(plain):
     stops = [p["stop"] for p in plain]
     record = {"done": jl.Record(lambda s: s["acc"], when=lambda s: s["acc"] >= s["target"]),
               "far": jl.Record(lambda s: s["x"], every=2, when=lambda s: jnp.abs(s["x"]) > 0.5)}
-    for chunk in (1, 6, None):
+    # without aux the program nests its loops (views only); a sparse aux record makes it test per step
+    for chunk, aux in ((1, []), (6, []), (None, []), (4, {"accepted": jl.every(3)}), (None, {"accepted": jl.every(3)})):
         run = jl.run(batched_step, STATE, N_STEPS, key=KEY, batched=True, has_aux=True, until=until, record=record,
-                     chunk=chunk, progress=False)
+                     chunk=chunk, progress=False, aux=aux, logs={})
         np.testing.assert_array_equal(run.trajectory.steps("done"), sorted(s for s in stops if s < N_STEPS))
         far = [k for k in range(0, N_STEPS + 1, 2)
                if any(k <= p["stop"] and abs(p["x"][k]) > 0.5 for p in plain)]
