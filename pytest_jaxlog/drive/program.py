@@ -62,7 +62,7 @@ from ..errors import JaxlogError
 from ..record.records import AUX, LOG
 from ..record.schedule import At, Every, Schedule, Window
 from .log import collect, collected_shapes
-from .resolve import view_values, flatten_view
+from .resolve import check_system_axes, view_values, flatten_view
 
 INT32_MAX = 2**31 - 1
 RECORD_INITIAL = 1  # flags: record the initial state's frame (row 0 / the first slot)
@@ -341,6 +341,8 @@ def _call_step(plan: Plan, key: Any, k: Any, state: Any) -> tuple[Any, Any]:
 
 def until_flags(plan: Plan, state: Any) -> Any:
     """``until(state)`` as a bool scalar, or one bool per system in batched runs."""
+    if plan.n_systems is not None:
+        check_system_axes(state, plan.n_systems)
     flag = jnp.asarray(plan.until(state))
     want = () if plan.n_systems is None else (plan.n_systems,)
     if flag.dtype != jnp.bool_ or flag.shape != want:
@@ -360,11 +362,69 @@ def _freeze(plan: Plan, done: Any, old: Any, new: Any) -> Any:
     return jax.tree_util.tree_map(pick, old, new)
 
 
-def when_flag(lane: Lane, state: Any) -> Any:
+def finished_systems() -> dict:
+    """What a finished system's rows hold after its stop in a batched run with until= (kept in
+    the file's run summary as "finished_systems", read back by ``traj.finished_systems``; a new
+    dict each time, the run's own): views see its frozen state, the state at its stop; what the
+    step returns or logs there comes from steps whose results were thrown away, so it is marked
+    invalid (see ``_invalidate``). ``traj.live`` says which rows hold each system's data: those
+    at steps up to its ``systems_done``."""
+    return {
+        "views": "frozen",  # records of the state, what views log included
+        "aux": "invalid",
+        "step logs": "invalid",
+        "invalid": {"float": "nan", "complex": "nan", "signed int": "min", "unsigned int": "max", "bool": False},
+        "live": "steps <= systems_done",
+    }
+
+
+def _invalid(x: Any) -> Any:
+    """The value a finished system's aux or log leaf holds: NaN where the dtype has one, else
+    the end of its range furthest from ordinary counts (False for bools)."""
+    dt = x.dtype
+    if jnp.issubdtype(dt, jnp.inexact):
+        return jnp.full((), jnp.nan, dt)
+    if jnp.issubdtype(dt, jnp.integer):
+        info = jnp.iinfo(dt)
+        return jnp.full((), info.min if jnp.issubdtype(dt, jnp.signedinteger) else info.max, dt)
+    return jnp.zeros((), dt)
+
+
+def _invalidate(plan: Plan, done: Any, tree: Any) -> Any:
+    """``tree`` (the step's aux or logs) with the rows of the systems ``done`` before the step
+    marked invalid (see ``finished_systems``): their step's results were thrown away."""
+    n = plan.n_systems
+
+    def mark(x):
+        if getattr(x, "ndim", 0) >= 1 and x.shape[0] == n and not jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended):
+            return jnp.where(done.reshape((n,) + (1,) * (x.ndim - 1)), _invalid(x), x)
+        return x
+    return jax.tree_util.tree_map(mark, tree)
+
+
+def live_at(stopped: Any, k: Any) -> Any:
+    """Per system, whether the state at step ``k`` is still its own data: it had not stopped
+    before ``k`` (``stopped`` is -1 while it runs; its stop step itself is live)."""
+    return (stopped < 0) | (stopped >= k)
+
+
+def when_flag(lane: Lane, state: Any, plan: Plan | None = None, live: Any = None) -> Any:
+    """Whether ``lane`` keeps ``state``'s row. In batched runs (``plan.n_systems``) ``when=`` may
+    return one bool per system: the row is kept where it holds for a system that is ``live``
+    (not stopped by ``until=`` before this step). With per-system ``until=`` it must: one bool
+    for all systems cannot leave a finished system's frozen state out."""
     flag = jnp.asarray(lane.when(state))
+    n = None if plan is None else plan.n_systems
+    if n is not None and flag.dtype == jnp.bool_ and flag.shape == (n,):
+        return jnp.any(flag if live is None else flag & live)
+    if n is not None and plan.until is not None:
+        raise JaxlogError(f"record {lane.name!r}: in a batched run with until=, when= must return one bool per "
+                          f"system, shape ({n},) (a finished system is frozen, and one bool for all systems "
+                          f"would keep deciding rows on its frozen state), got {flag.dtype}{list(flag.shape)}")
     if flag.dtype != jnp.bool_ or flag.shape != ():
-        raise JaxlogError(f"record {lane.name!r}: when= must return one bool (in batched runs too: reduce over "
-                          f"the systems, e.g. jnp.any), got {flag.dtype}{list(flag.shape)}")
+        per = "" if n is None else f" or one bool per system, shape ({n},)"
+        raise JaxlogError(f"record {lane.name!r}: when= must return one bool{per} (in batched runs too: reduce "
+                          f"over the systems, e.g. jnp.any), got {flag.dtype}{list(flag.shape)}")
     return flag
 
 
@@ -476,7 +536,8 @@ def chunk_impl(plan: Plan, state, bufs, key, ctl: Control, counts, masks, stoppe
                 vals = lanes[i].read(state, None)
                 if i in slot_of:
                     c = slot_of[i]
-                    take = jnp.ones((), bool) if lanes[i].when is None else when_flag(lanes[i], state)
+                    take = jnp.ones((), bool) if lanes[i].when is None else \
+                        when_flag(lanes[i], state, plan, live_at(stopped, k0))
                     buf, steps = compact[c]
                     compact[c] = (_put(buf, vals, counts[c]), _put_step(steps, k0, counts[c]))
                     counts[c] = counts[c] + take.astype(jnp.int32)
@@ -511,8 +572,9 @@ def chunk_impl(plan: Plan, state, bufs, key, ctl: Control, counts, masks, stoppe
         k = k0 + j
         new, aux, logs = apply_logged(plan, key, k, st)
         if plan.until is not None:
-            if plan.n_systems is not None:
+            if plan.n_systems is not None:  # the systems done before this step: its results are thrown away
                 new = _freeze(plan, done, st, new)
+                aux, logs = _invalidate(plan, done, aux), _invalidate(plan, done, logs)
             now = until_flags(plan, new)
             stopped = jnp.where(now & ~done, k + 1, stopped)
             done = done | now
@@ -530,7 +592,7 @@ def chunk_impl(plan: Plan, state, bufs, key, ctl: Control, counts, masks, stoppe
         for (i, m), (buf, steps), count in zip(plan.compact, compact, counts):
             take = mask_of[i][j] if i in mask_of else tests[i](k + 1)
             if lanes[i].when is not None:
-                take = take & when_flag(lanes[i], st)
+                take = take & when_flag(lanes[i], st, plan, live_at(stopped, k + 1))
 
             def write(args, i=i):
                 buf, steps, count = args
@@ -589,7 +651,7 @@ def chunk_impl(plan: Plan, state, bufs, key, ctl: Control, counts, masks, stoppe
                 # is scheduled), so the target is not carried through the loop, a kernel less
                 take = tests[i](k0 + j)
                 if lanes[i].when is not None:
-                    take = take & when_flag(lanes[i], st)
+                    take = take & when_flag(lanes[i], st, plan, live_at(stopped, k0 + j))
                 if i in eager:
                     buf, steps, count = _put_next(take & (count < m - 1), buf, steps, count,
                                                   lanes[i].read(st, None, None), k0 + j)

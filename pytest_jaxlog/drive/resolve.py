@@ -38,8 +38,27 @@ class LoggingView:
         return collect(self.view, capacity=self.capacity)(state)
 
 
+@dataclasses.dataclass(frozen=True)
+class BroadcastView:
+    """A view of a batched state some of whose leaves are plain scalars (a temperature shared by
+    all systems): each scalar is broadcast to the ``n_systems`` systems, so every record has its
+    row per system as the rest do, not refused for lacking a system axis."""
+
+    view: Callable
+    n_systems: int
+
+    def __call__(self, state: Any) -> Any:
+        return jax.tree_util.tree_map(self._broadcast, self.view(state))
+
+    def _broadcast(self, x: Any) -> Any:
+        return jnp.broadcast_to(x, (self.n_systems,)) if jnp.shape(x) == () else x
+
+
 def view_values(name: str, view: Callable, state: Any, *, keys_as_data: bool = True) -> dict[str, Any]:
     """``{record path: value}`` of one view on ``state``, what it logs (``"log/<name>"``) included."""
+    if isinstance(view, BroadcastView):
+        values = view_values(name, view.view, state, keys_as_data=keys_as_data)
+        return {p: view._broadcast(v) for p, v in values.items()}
     if isinstance(view, LoggingView):
         out, logs = view(state)
         values = flatten_view(name, out, keys_as_data=keys_as_data)
@@ -106,13 +125,18 @@ class LaneLeaves(NamedTuple):
 
     leaves: tuple[LeafSpec, ...]
     logs: bool = False
+    broadcast: bool = False  # some scalar leaves were taken as broadcast to every system (see BroadcastView)
 
 
 def lane_leaves(name: str, record: str, schedule: Schedule, read: Callable[..., dict], args: tuple,
-                n_systems: int | None, what: str, *, find_logs: bool = False) -> LaneLeaves:
+                n_systems: int | None, what: str, *, find_logs: bool = False,
+                shared: Callable[[], frozenset] | None = None) -> LaneLeaves:
     """The schema leaves of one lane: ``read(*args)`` gives its ``{path: value}`` (typed keys
     kept), traced abstractly with ``args`` as tracers, as in the run; a bad leaf is named.
-    ``find_logs``: the same trace also says whether ``read`` calls ``jl.log`` (then no leaves)."""
+    ``find_logs``: the same trace also says whether ``read`` calls ``jl.log`` (then no leaves).
+    ``shared``: in a batched run, the paths of the leaves computed from no per-system state leaf
+    (asked once, where a leaf is a scalar): such a scalar is shared by all systems and recorded
+    broadcast to each (the caller reads it through :class:`BroadcastView`)."""
     impls: dict[str, str] = {}
 
     def traced(*args):
@@ -133,7 +157,7 @@ def lane_leaves(name: str, record: str, schedule: Schedule, read: Callable[..., 
     shapes = found.shapes
     if not shapes:
         raise JaxlogError(f"{what} {name!r} returned no arrays")
-    specs = []
+    specs, broadcast, shared_paths = [], False, None
     for path, leaf in shapes.items():
         if not isinstance(leaf, jax.ShapeDtypeStruct):
             raise JaxlogError(f"record {path!r}: leaf {leaf!r} is not an array")
@@ -144,13 +168,20 @@ def lane_leaves(name: str, record: str, schedule: Schedule, read: Callable[..., 
             shape, dtype = tuple(data.shape), data.dtype
         elif not _numeric(dtype):
             raise JaxlogError(f"record {path!r}: dtype {dtype} is not numeric (recordable: bool, int, float, complex, keys)")
-        if n_systems is not None and (not leaf.shape or leaf.shape[0] != n_systems):
+        if n_systems is not None and shared is not None and not leaf.shape:
+            shared_paths = shared() if shared_paths is None else shared_paths
+        if n_systems is not None and not leaf.shape and path in (shared_paths or ()):
+            shape, broadcast = (n_systems, *shape), True
+        elif n_systems is not None and (not leaf.shape or leaf.shape[0] != n_systems):
             raise JaxlogError(
                 f"record {path!r}: batched runs record one row per system, so it needs a leading system axis of "
                 f"size {n_systems}, got shape {tuple(leaf.shape)}"
+                + (" (a scalar is recorded for every system only when it is computed from shared state leaves, "
+                   "like a temperature; this one is computed from per-system leaves, e.g. a sum over the systems)"
+                   if shared_paths is not None and not leaf.shape else "")
             )
         specs.append(LeafSpec(path, record, shape, np.dtype(dtype), schedule, key_impl))
-    return LaneLeaves(tuple(specs))
+    return LaneLeaves(tuple(specs), broadcast=broadcast)
 
 
 def n_systems_of(state: Any, batched: bool | int) -> int | None:
@@ -179,6 +210,25 @@ def n_systems_of(state: Any, batched: bool | int) -> int | None:
         raise JaxlogError(f"batched=True cannot tell the number of systems: state leaves disagree on the leading "
                           f"axis ({_sizes(by_size)}); pass batched=<number of systems>")
     return int(winners[0])
+
+
+def check_system_axes(state: Any, n_systems: int) -> None:
+    """Refuse per-system ``until=`` where a state leaf's system axis cannot be known: a finished
+    system is frozen by keeping its index along the leading axis of every leaf, so each
+    non-scalar leaf must have that axis (scalars are shared by all systems and go on). A leaf
+    with another leading size is a ragged batch (graphs of different sizes concatenated) or an
+    array shared by all systems: freezing could neither pick a system's part of it nor leave it
+    running without the finished system moving on."""
+    for kp, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+        shape = tuple(getattr(leaf, "shape", ()))
+        if shape and shape[0] != n_systems:
+            where = jax.tree_util.keystr(kp) or "(the state)"
+            raise JaxlogError(
+                f"until= per system (batched, {n_systems} systems): state leaf {where} has leading axis {shape[0]}, "
+                f"not the system axis, so a finished system cannot be frozen in it (a ragged batch of systems "
+                f"of different sizes, or an array shared by all systems, whose rows are not one per system); "
+                f"per-system until= needs every non-scalar state leaf to lead with the {n_systems} systems "
+                f"(pad ragged systems to one size), or run it with batched=False and an until= that returns one bool")
 
 
 def _sizes(by_size: dict[int, list[str]]) -> str:
@@ -219,11 +269,16 @@ def resolve(lanes: Sequence[Any], state: Any, *, aux: Callable[[Any], Any] | Non
         else:
             if not abstract and not isinstance(lane.view, LoggingView) and _view_logs(lane.view, state):
                 lane = dataclasses.replace(lane, view=LoggingView(lane.view, log_capacity))
+            can_share = n_sys is not None and abstract and not isinstance(lane.view, BroadcastView)
             found = lane_leaves(lane.name, lane.name, lane.schedule, _view_read(lane, state), args, n_sys, "record",
-                                find_logs=abstract and not isinstance(lane.view, LoggingView))
+                                find_logs=abstract and not isinstance(lane.view, LoggingView),
+                                shared=_shared_leaves(lane, state, n_sys) if can_share else None)
             if found.logs:
                 lane = dataclasses.replace(lane, view=LoggingView(lane.view, log_capacity))
-                found = lane_leaves(lane.name, lane.name, lane.schedule, _view_read(lane, state), args, n_sys, "record")
+                found = lane_leaves(lane.name, lane.name, lane.schedule, _view_read(lane, state), args, n_sys, "record",
+                                    shared=_shared_leaves(lane, state, n_sys) if can_share else None)
+            if found.broadcast:
+                lane = dataclasses.replace(lane, view=BroadcastView(lane.view, n_sys))
             mine = found.leaves
         out_lanes.append(lane)
         per_lane.append(mine)
@@ -235,6 +290,26 @@ def resolve(lanes: Sequence[Any], state: Any, *, aux: Callable[[Any], Any] | Non
     schema = Schema(tuple(leaf for mine in per_lane for leaf in mine), batched=n_sys is not None,
                     dt=None if dt is None else float(dt))
     return Resolution(lanes=tuple(out_lanes), schema=schema, per_lane=tuple(per_lane))
+
+
+def _shared_leaves(lane: Any, state: Any, n_systems: int) -> Callable[[], frozenset]:
+    """``() -> the paths of the view's leaves that no per-system state leaf flows into``: a
+    temperature read from a shared leaf is the same for every system, while a total summed over
+    the systems is not one system's value and stays refused. Found from the view's jaxpr, each
+    equation's outputs taken to depend on all its inputs (a nested loop or call as a whole)."""
+    def find() -> frozenset:
+        try:
+            closed, out = jax.make_jaxpr(lambda st: view_values(lane.name, lane.view, st), return_shape=True)(state)
+        except Exception:  # not traceable as a whole: nothing is known to be shared, so nothing is broadcast
+            return frozenset()
+        per_system = [bool(getattr(x, "ndim", 0)) and x.shape[0] == n_systems for x in jax.tree_util.tree_leaves(state)]
+        flows = {id(v) for v, sys in zip(closed.jaxpr.invars, per_system) if sys}
+        for eqn in closed.jaxpr.eqns:
+            if any(id(v) in flows for v in eqn.invars):
+                flows.update(id(v) for v in eqn.outvars)
+        paths = [kp[0].key for kp, _ in jax.tree_util.tree_flatten_with_path(out)[0]]  # out is {path: value}
+        return frozenset(p for p, v in zip(paths, closed.jaxpr.outvars) if id(v) not in flows)
+    return find
 
 
 def _view_read(lane: Any, state: Any) -> Callable[..., dict]:

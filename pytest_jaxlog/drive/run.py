@@ -590,6 +590,8 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
             systems_done[systems_done < 0] = written_step
         summary = {"stop_reason": stop_reason,
                    "systems_done": None if systems_done is None else systems_done.tolist()}
+        if systems_done is not None:  # what a finished system's rows hold after its stop
+            summary["finished_systems"] = program.finished_systems()
         if violation is not None:
             status = "violated"
             if cfg.on_violation == "raise" and pm_state is not None:  # state and frames end at the violating step

@@ -226,6 +226,27 @@ class Trajectory:
         return None if done is None else np.asarray(done, dtype=np.int64)
 
     @property
+    def finished_systems(self) -> dict | None:
+        """Batched runs with ``until=``: what a finished system's rows hold after its stop, as the
+        run wrote it: ``{"views": "frozen", "aux": "invalid", "step logs": "invalid", "invalid": {...}}``
+        (views see the state at its stop; the step's aux and logs there are marked invalid: NaN
+        for floats, the dtype's minimum or maximum for signed or unsigned ints, False for bools)."""
+        summary = self._info.get("summary")
+        note = summary.get("finished_systems") if isinstance(summary, dict) else None
+        return note if isinstance(note, dict) else None
+
+    def live(self, name: str, index: Any = None) -> np.ndarray:
+        """Whether each frame of record ``name`` holds each system's own data, ``[frames, systems]``:
+        in a batched run with ``until=``, a system's rows at steps after its stop
+        (``systems_done``) are not (see :attr:`finished_systems`); every row is otherwise."""
+        steps = self.steps(name, index)
+        done = self.systems_done
+        if done is None:
+            shape = self.schema[self.schema.resolve(name)[0]].shape
+            return np.ones((len(steps), shape[0] if self.schema.batched else 1), bool)
+        return np.asarray(steps)[:, None] <= done[None, :]
+
+    @property
     def meta(self) -> dict:
         return self._info.get("meta") or {}
 
@@ -733,6 +754,8 @@ def _read_info(jl: h5py.Group, file: Path) -> dict[str, Any]:
     done = summary.get("systems_done")
     if done is not None and not (isinstance(done, list) and all(is_int(d) and d >= 0 for d in done)):
         raise JaxlogError(f"{file}: /jaxlog summary's systems_done is not a list of step numbers")
+    if summary.get("finished_systems") is not None and not isinstance(summary["finished_systems"], dict):
+        raise JaxlogError(f"{file}: /jaxlog summary's finished_systems must be an object or null")
     if info.get("writer_error") is not None and not isinstance(info["writer_error"], str):
         raise JaxlogError(f"{file}: /jaxlog attribute 'writer_error' must be a string or null")
     return info
