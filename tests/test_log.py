@@ -16,7 +16,7 @@ import pytest
 from jax import lax
 
 import pytest_jaxlog as jl
-from pytest_jaxlog.drive.log import collect, has_logs
+from pytest_jaxlog.log import collect, has_logs
 
 eq = np.testing.assert_array_equal
 X = jnp.linspace(-1.0, 1.0, 8, dtype=jnp.float32)
