@@ -238,8 +238,39 @@ def _custom(it: Interpreter, eqn: Any, invals: list) -> tuple[list, list[Entry]]
     outputs there are unused; XLA merges the two forward computations."""
     outs = bind(eqn, invals)
     j = eqn.params["call_jaxpr"]
-    _, entries = it.eval(j.jaxpr, j.consts, invals)
-    return outs, entries
+    if it.tap is not None:
+        it.eval(j.jaxpr, j.consts, invals)
+        return outs, []
+    found: list[list[Shape]] = []
+
+    def body_logs(*a):
+        _, entries = it.eval(j.jaxpr, j.consts, a)
+        shapes, leaves = flat(entries)
+        found.append(shapes)
+        return leaves
+
+    leaves = _differentiated_by_body(body_logs, sites_in(j.jaxpr)[0], str(eqn.primitive))(*invals)
+    return outs, [s.build(lv) for s, lv in zip(found[-1], leaves)]
+
+
+def _differentiated_by_body(body_logs: Callable, site: Site, what: str) -> Callable:
+    """``body_logs`` whose derivatives are its own (the logged values' true ones); a body JAX
+    cannot differentiate (a callback, say: the reason for many custom rules) is refused when
+    something differentiates it, naming the log, instead of failing inside JAX."""
+    fn = jax.custom_jvp(body_logs)
+
+    def jvp(primals, tangents):
+        try:
+            return jax.jvp(body_logs, primals, tangents)
+        except Exception as e:
+            raise JaxlogError(
+                f"log {site.name!r} at {site.where} is inside a {what} whose body cannot be differentiated "
+                f"({type(e).__name__}: {str(e)[:300]}); the function's own rule gives its outputs' "
+                f"derivatives, but not the logged values': log them outside the function, or return them "
+                f"from it") from e
+
+    fn.defjvp(jvp)
+    return fn
 
 
 @rule(prims.remat_p)
