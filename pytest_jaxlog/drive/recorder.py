@@ -18,7 +18,7 @@ import numpy as np
 from jax import lax
 
 from ..errors import JaxlogError, JaxlogRuntimeWarning
-from ..log import unheard
+from ..log import unheard, unheard_count
 from ..profiling.timeline import now_ns
 from ..profiling.timings import CompileTracker
 from ..record.frames import Frames, Schema
@@ -112,7 +112,7 @@ class Recorder:
         self._sigterm = sigterm_as_interrupt()
         self._sigterm.__enter__()
         self._tracker = CompileTracker(exclude=_OWN_PROGRAMS).__enter__()
-        self._unheard_before = unheard().count
+        self._unheard_before = unheard_count()
         self._active = True
         self.status = "running"
         return self
@@ -122,10 +122,12 @@ class Recorder:
         if not self._active:
             raise JaxlogError("Recorder.log() called outside `with recorder:` (enter it first; it opens the sinks)")
         step = _step_label(step)
-        if not self._warned:
+        if not self._warned and unheard_count() > self._unheard_before:
             self._warn_unheard()
-        logs = _check_logs(logs, step)
-        declared = logs is not None and _declared(logs)
+        declared = False
+        if logs is not None:
+            logs = _check_logs(logs, step)
+            declared = logs is not None and _declared(logs)
         if self._last is not None and step <= self._last:
             what = "repeats" if step == self._last else "goes backwards"
             raise JaxlogError(f"Recorder.log: step {step} {what} (previous step {self._last}); labels must increase")
@@ -158,13 +160,14 @@ class Recorder:
                 new = None
                 if self._jit_state:  # views and buffer writes in one jitted call
                     try:
-                        new = _log_into(key, state, tuple(bufs), rows, logs)
+                        new = (_log_into(key, state, tuple(bufs), rows) if not take_logs
+                               else _log_into(key, state, tuple(bufs), rows, logs))
                     except TypeError:
                         if _jittable(state):
                             raise
                         self._jit_state = False  # the state changed kind since the first log
                 if not self._jit_state:  # views on the concrete state (any object), then one jitted buffer write
-                    new = _write_into(key, _eval_views(key, state, logs), tuple(bufs), rows)
+                    new = _write_into(key, _eval_views(key, state, logs if take_logs else None), tuple(bufs), rows)
             except _ShapeChange as e:
                 raise JaxlogError(f"record {e.path!r} at step {step}: {e.detail}") from e.__cause__
             full = False

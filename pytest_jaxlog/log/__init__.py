@@ -55,10 +55,10 @@ module that knows how JAX versions differ. Import its parts with ``from pytest_j
 ...``: the package's attribute ``pytest_jaxlog.log`` is the function ``jl.log``.
 """
 
-from .call import RESERVED_FIELDS, log, unheard
+from .call import RESERVED_FIELDS, log, unheard, unheard_count
 from .interpreter import LogEvent
 from .trace import Shapes, has_logs, shapes_and_logs
 from .verbs import collect, collected_shapes, spool, tap
 
 __all__ = ["log", "spool", "tap", "collect", "collected_shapes", "has_logs", "shapes_and_logs", "Shapes",
-           "LogEvent", "RESERVED_FIELDS", "unheard"]
+           "LogEvent", "RESERVED_FIELDS", "unheard", "unheard_count"]
