@@ -446,3 +446,31 @@ def test_no_warning_when_logs_were_traced_before_or_are_collected():
                 s2, logs = jl.spool(step)(s)
                 rec.log(s2, k, logs=logs)
     assert {"ke", "log/ke", "log/vmax"} <= set(rec.trajectory.records)
+
+
+def test_step_logs_of_a_batch_of_systems():
+    """A vmapped step's logs have the system axis first: a batched Recorder records them as jl.run
+    with batched=True does."""
+    def step(s):
+        jl.log("vmax", jnp.max(jnp.abs(s["v"])))
+        return osc(s)
+
+    batch = {"x": jnp.stack([STATE["x"], 2 * STATE["x"]]), "v": jnp.stack([STATE["v"], STATE["v"] + 0.1])}
+    spooled = jl.spool(jax.vmap(step))
+    s = batch
+    with jl.Recorder({"e": jax.vmap(energy)}, batched=True) as rec:
+        rec.log(s, 0, logs=jax.eval_shape(spooled, s)[1])
+        for k in range(1, 5):
+            s, logs = spooled(s)
+            rec.log(s, k, logs=logs)
+    run = jl.run(jax.vmap(step), batch, 4, record={"e": jax.vmap(energy)}, batched=True, progress=False)
+    t = rec.trajectory
+    assert t["log/vmax"].shape == (4, 2)
+    for name in ("log/vmax", "e"):
+        np.testing.assert_array_equal(t[name], run.trajectory[name])
+        np.testing.assert_array_equal(t.steps(name), run.trajectory.steps(name))
+    x, plain = {"x": batch["x"][1], "v": batch["v"][1]}, []  # system 1 alone, in a Python loop
+    for _ in range(4):
+        plain.append(np.max(np.abs(np.asarray(x["v"]))))
+        x = jax.jit(osc)(x)
+    np.testing.assert_array_equal(t["log/vmax"][:, 1], np.asarray(plain, np.float32))
