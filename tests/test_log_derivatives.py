@@ -222,3 +222,14 @@ def test_run_with_custom_derivatives_and_logs_in_the_step():
     eq(got[:, 0], np.stack(inner))
     eq(got[:, 1], np.stack(inner))
     eq(r.trajectory.steps("log/inner"), np.arange(1, 6))
+
+
+def test_tap_sees_a_custom_functions_logs_once():
+    events = []
+    out = jl.tap(custom_jvp_kernel(True), events.append)(X)
+    jax.effects_barrier()
+    eq(out, jax.jit(custom_jvp_kernel(False))(X))
+    assert [e.name for e in events] == ["inner"]
+    eq(events[0].value, jax.jit(inner_logs)(X))
+    g = jax.grad(lambda x: jnp.sum(jl.tap(custom_jvp_kernel(True), lambda e: None)(x)))(X)
+    eq(g, np.full(6, 100.0, np.float32))
