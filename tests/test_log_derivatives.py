@@ -22,26 +22,29 @@ T = jnp.linspace(0.5, 1.5, 6, dtype=jnp.float32)  # a tangent
 XS = jnp.stack([X, 2 * X, -X])  # three systems for vmap
 
 
-def custom_jvp_kernel(logging: bool):
-    @jax.custom_jvp
-    def f(x):
+def custom_kernel(kind: str, logging: bool):
+    """``sin`` with a log of ``2 cos x`` inside, and a rule that is not its derivative:
+    ``100 * t`` (``kind="jvp"``) or ``7 * ct`` (``kind="vjp"``)."""
+    def body(x):
         if logging:
             jl.log("inner", jnp.cos(x) * 2)
         return jnp.sin(x)
 
-    f.defjvp(lambda p, t: (f(p[0]), 100.0 * t[0]))
+    if kind == "jvp":
+        f = jax.custom_jvp(body)
+        f.defjvp(lambda p, t: (f(p[0]), 100.0 * t[0]))
+    else:
+        f = jax.custom_vjp(body)
+        f.defvjp(lambda x: (f(x), x), lambda x, ct: (7.0 * ct,))
     return f
+
+
+def custom_jvp_kernel(logging: bool):
+    return custom_kernel("jvp", logging)
 
 
 def custom_vjp_kernel(logging: bool):
-    @jax.custom_vjp
-    def f(x):
-        if logging:
-            jl.log("inner", jnp.cos(x) * 2)
-        return jnp.sin(x)
-
-    f.defvjp(lambda x: (f(x), x), lambda x, ct: (7.0 * ct,))
-    return f
+    return custom_kernel("vjp", logging)
 
 
 def scanned_kernel(logging: bool):
