@@ -16,8 +16,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pytest_jaxlog"
 
-RANK = {"errors": 0, "record": 1, "check": 2, "store": 2, "profiling": 2, "drive": 3, "golden": 3,
-        "cli": 4, "harness": 4, "plugin": 5, "__main__": 6}
+RANK = {"errors": 0, "record": 1, "log": 2, "check": 3, "store": 3, "profiling": 3, "drive": 4, "golden": 4,
+        "cli": 5, "harness": 5, "plugin": 6, "__main__": 7}
 HEAVY = ("jax", "jaxlib", "numpy", "h5py", "perfetto", "ml_dtypes")
 
 

@@ -316,3 +316,160 @@ def test_a_sink_failing_to_close_leaves_the_recorder_failed():
         with jl.Recorder(RECORD, sinks=[MemorySink(), bad]) as rec:
             _loop(rec, 2)
     assert rec.status == "failed"  # was left "running"
+
+
+# --- what the step logs, in a hand-written loop ------------------------------------------------
+
+
+def _logging_osc(s):
+    """``osc`` with two logs: a scalar, and a while loop's values (count and overflow fields)."""
+    jl.log("vmax", jnp.max(jnp.abs(s["v"])))
+    n = jax.lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, jl.log("sq", c[1] * c[1], capacity=4)),
+                           (jnp.int32(0), s["x"][0]))
+    return osc(s) | {"x": osc(s)["x"] + 0.0 * n[1]}
+
+
+def _plain_logs(s):
+    """What ``_logging_osc`` logs, computed without jl.log."""
+    c, rows = s["x"][0], []
+    for _ in range(3):
+        c = c * c
+        rows.append(c)
+    return float(jnp.max(jnp.abs(s["v"]))), np.stack([np.asarray(r) for r in rows] + [np.float32(0)])
+
+
+def test_step_logs_handed_to_the_recorder_are_written_and_read_back(tmp_path):
+    """``rec.log(state, k, logs=...)`` with what jl.spool returned: each name as ``log/<name>`` at
+    the step that produced it, in the file, equal to the values computed plainly and to jl.run's."""
+    path = tmp_path / "logs.h5"
+    spooled = jl.spool(_logging_osc)
+    s = STATE
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", jl.JaxlogRuntimeWarning)  # everything logged is collected
+        with jl.Recorder(RECORD, sinks=[jl.HDF5Writer(path)], flush_every=3) as rec:
+            rec.log(s, 0, logs=jax.eval_shape(spooled, s)[1])  # the first state: shapes declared
+            for k in range(1, 8):
+                s, logs = spooled(s)
+                rec.log(s, k, logs=logs)
+    t = jl.load(path)
+    assert t.status == "complete"
+    assert {"log/vmax", "log/sq/value", "log/sq/count", "log/sq/overflow"} <= set(t.records)
+    np.testing.assert_array_equal(t.steps("log/vmax"), np.arange(1, 8))
+    x, vmax, sq = STATE, [], []
+    for _ in range(7):
+        v, rows = _plain_logs(x)
+        vmax.append(v)
+        sq.append(rows)
+        x = jax.jit(osc)(x)
+    np.testing.assert_array_equal(t["log/vmax"], np.asarray(vmax, np.float32))
+    np.testing.assert_array_equal(t["log/sq/value"][:, :3], np.stack(sq)[:, :3])
+    np.testing.assert_array_equal(t["log/sq/count"], np.full(7, 3))
+    np.testing.assert_array_equal(t["log/sq/overflow"], np.zeros(7, bool))
+    np.testing.assert_array_equal(t["x"], jl.load(path)["x"])
+    run = jl.run(_logging_osc, STATE, 7, record=RECORD, progress=False, log_capacity=4)
+    for name in ("log/vmax", "log/sq/value", "log/sq/count", "e", "x"):
+        np.testing.assert_array_equal(t[name], run.trajectory[name])
+        np.testing.assert_array_equal(t.steps(name), run.trajectory.steps(name))
+
+
+def test_logs_from_the_first_log_on_and_as_a_dict():
+    spooled = jl.spool(_logging_osc)
+    s = STATE
+    sink = MemorySink()
+    with jl.Recorder({"e": energy}, sinks=[sink]) as rec:  # a training loop: the first log follows a step
+        for k in range(3):
+            s, logs = spooled(s)
+            rec.log(s, k, logs=logs)
+    np.testing.assert_array_equal(rec.trajectory.steps("log/vmax"), [0, 1, 2])
+    with pytest.raises(jl.JaxlogError, match=r"logs= given at step 1 but not at the first log \(step 0\).*"
+                                             r"jax.eval_shape\(jl.spool\(step\), state\)"):
+        with jl.Recorder({"e": energy}) as rec:
+            rec.log(STATE, 0)
+            s1, logs = spooled(STATE)
+            rec.log(s1, 1, logs=logs)
+    with pytest.raises(jl.JaxlogError, match="logs must be the dict jl.spool returns"):
+        with jl.Recorder({"e": energy}) as rec:
+            rec.log(STATE, 0, logs=spooled(STATE))
+
+
+def test_logs_nothing_collects_are_reported_once(tmp_path):
+    """A step jitted as it is: its jl.log values are lost. One warning says so, naming the log and
+    the fix; the file holds what was recorded, and no log record."""
+    def step(s):  # a new function: traced inside the `with` block
+        jl.log("vmax", jnp.max(jnp.abs(s["v"])))
+        return osc(s)
+
+    def other(s):
+        jl.log("other", s["x"])
+        return s
+
+    jitted, jitted_other = jax.jit(step), jax.jit(other)
+    path = tmp_path / "lost.h5"
+    with pytest.warns(jl.JaxlogRuntimeWarning) as caught:
+        with jl.Recorder(RECORD, sinks=[jl.HDF5Writer(path)]) as rec:
+            s = STATE
+            for k in range(5):
+                if k:
+                    s = jitted_other(jitted(s))
+                rec.log(s, k)
+    mine = [w for w in caught if issubclass(w.category, jl.JaxlogRuntimeWarning)]
+    assert len(mine) == 1
+    text = str(mine[0].message)
+    assert "jl.log was called 2 time(s) while nothing collected it" in text  # both traced once, before log(s, 1)
+    assert "log 'other' at test_recorder.py:" in text
+    assert "rec.log(state, k, logs=logs)" in text
+    assert mine[0].filename == __file__
+    t = jl.load(path)
+    assert not any(r.startswith("log/") for r in t.records)
+    np.testing.assert_array_equal(t["e"], jl.run(osc, STATE, 4, record=RECORD, progress=False).trajectory["e"])
+
+
+def test_no_warning_when_logs_were_traced_before_or_are_collected():
+    """Logs traced before the recorder started, in its views, or through jl.spool: no warning."""
+    def step(s):
+        jl.log("vmax", jnp.max(jnp.abs(s["v"])))
+        return osc(s)
+
+    jitted = jax.jit(step)
+    jitted(STATE)  # traced (and its logs lost) before the recorder: not this recorder's to report
+
+    def ke(s):
+        return jl.log("ke", 0.5 * jnp.sum(s["v"] ** 2))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", jl.JaxlogRuntimeWarning)
+        with jl.Recorder({"ke": ke}) as rec:
+            s = STATE
+            for k in range(3):
+                s = jitted(s)
+                s2, logs = jl.spool(step)(s)
+                rec.log(s2, k, logs=logs)
+    assert {"ke", "log/ke", "log/vmax"} <= set(rec.trajectory.records)
+
+
+def test_step_logs_of_a_batch_of_systems():
+    """A vmapped step's logs have the system axis first: a batched Recorder records them as jl.run
+    with batched=True does."""
+    def step(s):
+        jl.log("vmax", jnp.max(jnp.abs(s["v"])))
+        return osc(s)
+
+    batch = {"x": jnp.stack([STATE["x"], 2 * STATE["x"]]), "v": jnp.stack([STATE["v"], STATE["v"] + 0.1])}
+    spooled = jl.spool(jax.vmap(step))
+    s = batch
+    with jl.Recorder({"e": jax.vmap(energy)}, batched=True) as rec:
+        rec.log(s, 0, logs=jax.eval_shape(spooled, s)[1])
+        for k in range(1, 5):
+            s, logs = spooled(s)
+            rec.log(s, k, logs=logs)
+    run = jl.run(jax.vmap(step), batch, 4, record={"e": jax.vmap(energy)}, batched=True, progress=False)
+    t = rec.trajectory
+    assert t["log/vmax"].shape == (4, 2)
+    for name in ("log/vmax", "e"):
+        np.testing.assert_array_equal(t[name], run.trajectory[name])
+        np.testing.assert_array_equal(t.steps(name), run.trajectory.steps(name))
+    x, plain = {"x": batch["x"][1], "v": batch["v"][1]}, []  # system 1 alone, in a Python loop
+    for _ in range(4):
+        plain.append(np.max(np.abs(np.asarray(x["v"]))))
+        x = jax.jit(osc)(x)
+    np.testing.assert_array_equal(t["log/vmax"][:, 1], np.asarray(plain, np.float32))

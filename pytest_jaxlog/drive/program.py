@@ -38,7 +38,7 @@ How a chunk of work steps ``k0 .. k0+n-1`` (recording steps ``k0+1 .. k0+n``) ru
   each, so slicing a control vector (and stacking the counts again on the way out) cost a first
   run five kernels more to compile. The initial frame and ``until=`` on the initial state are evaluated
   inside the program, under a ``cond``, so a run compiles one program, not one per helper;
-- a step that calls ``jl.log`` runs under the collector (``drive.log.collect``), which returns
+- a step that calls ``jl.log`` runs under the collector (``log.collect``), which returns
   what it logged beside its output; a step without logs runs as it is;
 - ``until=``: the loop also stops at the first step whose state satisfies the predicate (per
   system in batched runs: a finished system is frozen); the flag is an input and an output, so
@@ -61,7 +61,7 @@ from jax import lax
 from ..errors import JaxlogError
 from ..record.records import AUX, LOG
 from ..record.schedule import At, Every, Schedule, Window
-from .log import collect, collected_shapes
+from ..log import collect, collected_shapes
 from .resolve import check_system_axes, view_values, flatten_view
 
 INT32_MAX = 2**31 - 1

@@ -9,19 +9,21 @@ host every step, and the recorded data is identical in format to ``jl.run``'s.
 from __future__ import annotations
 
 import time
-from typing import Any
+import warnings
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..errors import JaxlogError
+from ..errors import JaxlogError, JaxlogRuntimeWarning
+from ..log import unheard, unheard_count
 from ..profiling.timeline import now_ns
 from ..profiling.timings import CompileTracker
 from ..record.frames import Frames, Schema
 from ..record.records import AUX, LOG, normalize_records
-from ..record.schedule import check_count
+from ..record.schedule import Every, check_count
 from .compiles import run_timings
 from .pipeline import Pipeline
 from .resolve import resolve
@@ -52,7 +54,11 @@ class Recorder:
 
     Values a view logs with ``jl.log`` (inside a library function it calls, say) are recorded
     too, as ``"log/<name>"`` on that view's schedule; ``log_capacity`` is the capacity of such logs
-    inside ``lax.while_loop`` that give none.
+    inside ``lax.while_loop`` that give none. What the step itself logs is the loop's to hand
+    over: ``state, logs = jl.spool(step)(state); rec.log(state, k, logs=logs)`` records each name
+    as ``"log/<name>"`` at every step given ``logs`` (from the first ``log`` on, as the records are
+    fixed then). A ``jl.log`` traced during the ``with`` block with nothing collecting it (a step
+    jitted as it is) would be lost: a ``JaxlogRuntimeWarning`` says so, once.
 
     Memory: each record's device buffer holds ``flush_every`` frames, or as many as fit in
     ``buffer_bytes`` (64 MiB) when fewer; a full buffer flushes early. So a large ``flush_every``
@@ -94,6 +100,9 @@ class Recorder:
         self._halted = False
         self._expect: list[dict[str, tuple[tuple[int, ...], np.dtype]]] = []
         self._trajectory = None
+        self._log_lane: int | None = None  # the lane of the logs handed to log(logs=...)
+        self._unheard_before = 0  # jl.log calls nothing collected, before the `with` block
+        self._warned = False
 
     # --- Logger protocol --------------------------------------------------------------------
     def __enter__(self) -> "Recorder":
@@ -103,14 +112,22 @@ class Recorder:
         self._sigterm = sigterm_as_interrupt()
         self._sigterm.__enter__()
         self._tracker = CompileTracker(exclude=_OWN_PROGRAMS).__enter__()
+        self._unheard_before = unheard_count()
         self._active = True
         self.status = "running"
         return self
 
-    def log(self, state: Any, step: int) -> None:
+    def log(self, state: Any, step: int, *, logs: Mapping[str, Any] | None = None) -> None:
+        """Record ``state`` as step ``step``; ``logs``: what ``jl.spool(step)`` returned beside it."""
         if not self._active:
             raise JaxlogError("Recorder.log() called outside `with recorder:` (enter it first; it opens the sinks)")
         step = _step_label(step)
+        if not self._warned and unheard_count() > self._unheard_before:
+            self._warn_unheard()
+        declared = False
+        if logs is not None:
+            logs = _check_logs(logs, step)
+            declared = logs is not None and _declared(logs)
         if self._last is not None and step <= self._last:
             what = "repeats" if step == self._last else "goes backwards"
             raise JaxlogError(f"Recorder.log: step {step} {what} (previous step {self._last}); labels must increase")
@@ -118,8 +135,14 @@ class Recorder:
             self._last = step
             return
         if self.schema is None:
-            self._start(state)
-        idx = tuple(i for i, on in enumerate(self._on) if on(step))
+            self._start(state, logs)
+        if logs is not None and self._log_lane is None:
+            raise JaxlogError(
+                f"Recorder.log: logs= given at step {step} but not at the first log (step {self._first}), which "
+                f"fixed the records: give logs= from the first log on; for a first state no step produced, "
+                f"declare their shapes: rec.log(state, {self._first}, logs=jax.eval_shape(jl.spool(step), state)[1])")
+        take_logs = logs is not None and not declared
+        idx = tuple(i for i, on in enumerate(self._on) if on(step) and (i != self._log_lane or take_logs))
         if idx:
             key = self._keys.get(idx)
             if key is None:
@@ -137,13 +160,14 @@ class Recorder:
                 new = None
                 if self._jit_state:  # views and buffer writes in one jitted call
                     try:
-                        new = _log_into(key, state, tuple(bufs), rows)
+                        new = (_log_into(key, state, tuple(bufs), rows) if not take_logs
+                               else _log_into(key, state, tuple(bufs), rows, logs))
                     except TypeError:
                         if _jittable(state):
                             raise
                         self._jit_state = False  # the state changed kind since the first log
                 if not self._jit_state:  # views on the concrete state (any object), then one jitted buffer write
-                    new = _write_into(key, _eval_views(key, state), tuple(bufs), rows)
+                    new = _write_into(key, _eval_views(key, state, logs if take_logs else None), tuple(bufs), rows)
             except _ShapeChange as e:
                 raise JaxlogError(f"record {e.path!r} at step {step}: {e.detail}") from e.__cause__
             full = False
@@ -169,6 +193,8 @@ class Recorder:
         if not self._active:
             return False
         self._active = False
+        if exc_type is None and not self._warned:
+            self._warn_unheard()
         try:
             if exc_type is None:
                 if self.schema is None:
@@ -234,9 +260,32 @@ class Recorder:
     # --- internals --------------------------------------------------------------------------
     _raise_at_exit = False
 
-    def _start(self, state: Any) -> None:
+    def _warn_unheard(self) -> None:
+        """Say once that this thread traced ``jl.log`` calls nothing collected since the recorder
+        started (a step jitted as it is): their values are lost."""
+        lost = unheard()
+        if lost.count <= self._unheard_before:
+            return
+        self._warned = True
+        warnings.warn(JaxlogRuntimeWarning(
+            f"[jaxlog] Recorder: jl.log was called {lost.count - self._unheard_before} time(s) while nothing "
+            f"collected it (the latest: log {lost.name!r} at {lost.where}), so those values are not recorded. "
+            f"To record them, spool the step and hand its logs over: `state, logs = jl.spool(step)(state); "
+            f"rec.log(state, k, logs=logs)` (recorded as 'log/<name>'), or log them inside a record's view"),
+            stacklevel=3)
+
+    def _start(self, state: Any, logs: Mapping[str, Any] | None = None) -> None:
+        if logs:  # the step's logs: a lane of their own, taken at every step they are given
+            self._log_lane = len(self.specs)
+            lane = Lane(LOG, Every(1), log_paths=(LOG,))
+            self.specs = (*self.specs, lane)
+            self._on.append(lane.schedule.contains)
+            self._bufs.append(None)
+            self._rows.append(self.flush_every)
+            self._steps.append([])
+            self._times.append([])
         found = resolve(self.specs, state, batched=self.batched, dt=self.dt, abstract=_jittable(state),
-                        log_capacity=self.log_capacity)
+                        log_capacity=self.log_capacity, logs=lambda _state: _as_values(logs))
         self.specs, schema = found.lanes, found.schema  # views that call jl.log wrapped to collect
         self._open(schema)
         self._expect = [{leaf.path: (tuple(leaf.shape), np.dtype(leaf.dtype)) for leaf in schema.leaves
@@ -314,6 +363,34 @@ class Recorder:
             self._raise_at_exit = True
 
 
+def _check_logs(logs: Any, step: int) -> Mapping[str, Any] | None:
+    """``log(logs=...)``: the dict ``jl.spool`` returns beside the output (``None``: none given;
+    an empty one, from a step that logged nothing, is none)."""
+    if logs is None:
+        return None
+    if not isinstance(logs, Mapping):
+        raise JaxlogError(f"Recorder.log(state, {step}, logs=...): logs must be the dict jl.spool returns beside "
+                          f"the output (`out, logs = jl.spool(step)(state)`), got {type(logs).__name__}")
+    return logs or None
+
+
+def _declared(logs: Mapping[str, Any]) -> bool:
+    """Whether ``logs`` only declares the shapes of logs to come (``jax.ShapeDtypeStruct`` leaves,
+    for a first state no step produced): nothing is recorded from it."""
+    leaves = jax.tree_util.tree_leaves(logs)
+    shapes = [isinstance(x, jax.ShapeDtypeStruct) for x in leaves]
+    if any(shapes) and not all(shapes):
+        raise JaxlogError("Recorder.log(logs=...): mixes values and jax.ShapeDtypeStruct declarations; give "
+                          "either the logs a spooled step returned, or only their shapes")
+    return all(shapes)
+
+
+def _as_values(logs: Mapping[str, Any]) -> Any:
+    """Declared shapes as (abstract) values: what resolution traces."""
+    return jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype) if isinstance(x, jax.ShapeDtypeStruct)
+                                  else x, logs)
+
+
 def _step_label(step: Any) -> int:
     """``log``'s step as an int: Python/numpy ints, or a 0-d integer array (e.g. a step counter
     carried in the state: ``rec.log(state, state.step)``, the same label the other loggers take)."""
@@ -364,12 +441,12 @@ class _ShapeChange(Exception):
         self.path, self.detail = path, detail
 
 
-def _eval_views(key: _LogKey, state) -> tuple:
+def _eval_views(key: _LogKey, state, logs=None) -> tuple:
     """The scheduled views' outputs, one ``{path: value}`` per record (a failing view is named)."""
     out = []
     for i in key.idx:
         try:
-            vals = key.specs[i].read(state, None)
+            vals = key.specs[i].read(state, None, logs)
             if key.specs[i].when is not None:
                 vals[_KEPT] = program.when_flag(key.specs[i], state)
             out.append(vals)
@@ -379,9 +456,10 @@ def _eval_views(key: _LogKey, state) -> tuple:
     return tuple(out)
 
 
-def _log_impl(key: _LogKey, state, bufs, rows):
-    """Evaluate the scheduled views and write them into row ``rows[j]`` of their device buffers."""
-    return _write_impl(key, _eval_views(key, state), bufs, rows)
+def _log_impl(key: _LogKey, state, bufs, rows, logs=None):
+    """Evaluate the scheduled views (and take the step's logs) and write them into row ``rows[j]``
+    of their device buffers."""
+    return _write_impl(key, _eval_views(key, state, logs), bufs, rows)
 
 
 def _write_impl(key: _LogKey, values, bufs, rows):

@@ -1,0 +1,159 @@
+"""``jl.log(name, value, **indices)``: check the arguments where they are given, bind the primitive.
+
+Each call also counts, per thread, the calls made (how an ordinary trace learns that a function
+logs) and those made while nothing collects them (``unheard``: values that will be lost, which a
+``jl.Recorder`` reports). Traces made only to ask questions (``probing``) count as neither lost
+nor heard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+from typing import Any, Iterator, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..errors import JaxlogError
+from ..record.records import check_name
+from .compat import enclosing_traces, tracer_trace
+from .primitive import COLLECTING, Site, log_p
+
+__all__ = ["log", "RESERVED_FIELDS", "calls_made", "probing", "Unheard", "unheard", "unheard_count"]
+
+RESERVED_FIELDS = ("value", "valid", "count", "overflow")
+
+# per thread: ``n`` jl.log calls made, ``probing`` depth, ``unheard`` calls nobody collected and
+# ``last_unheard`` (name, where) of the latest of them
+_CALLS = threading.local()
+
+
+def calls_made() -> int:
+    """``jl.log`` calls this thread's Python has made so far (while tracing, or eagerly)."""
+    return getattr(_CALLS, "n", 0)
+
+
+@contextlib.contextmanager
+def probing() -> Iterator[None]:
+    """A trace made to learn shapes or whether a function logs: its calls are not lost values."""
+    _CALLS.probing = getattr(_CALLS, "probing", 0) + 1
+    try:
+        yield
+    finally:
+        _CALLS.probing -= 1
+
+
+class Unheard(NamedTuple):
+    """``jl.log`` calls this thread made while nothing collected them, and the latest one."""
+
+    count: int
+    name: str | None
+    where: str | None
+
+
+def unheard() -> Unheard:
+    last = getattr(_CALLS, "last_unheard", (None, None))
+    return Unheard(unheard_count(), *last)
+
+
+def unheard_count() -> int:
+    """``unheard().count``, cheap enough for every ``Recorder.log``."""
+    return getattr(_CALLS, "unheard", 0)
+
+
+_THIS_FILE = os.path.normcase(os.path.abspath(__file__))
+
+
+def _caller() -> str:
+    """``file:line`` of the code that called ``jl.log``."""
+    f = sys._getframe(1)
+    while f is not None and os.path.normcase(os.path.abspath(f.f_code.co_filename)) == _THIS_FILE:
+        f = f.f_back
+    if f is None:
+        return "<unknown>"
+    return f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"
+
+
+def _as_leaf(name: str, where: str, what: str, leaf: Any) -> Any:
+    if isinstance(leaf, (str, bytes)) or leaf is None:
+        raise JaxlogError(f"log {name!r} at {where}: {what} {leaf!r} is not an array "
+                          "(log arrays or numbers; keep strings and objects out of logs)")
+    try:
+        arr = leaf if isinstance(leaf, jax.Array) else jnp.asarray(leaf)
+    except (TypeError, ValueError) as e:
+        raise JaxlogError(f"log {name!r} at {where}: {what} of type {type(leaf).__name__} is not an "
+                          f"array ({e})") from None
+    if jax.dtypes.issubdtype(arr.dtype, jax.dtypes.prng_key):
+        return jax.random.key_data(arr)
+    dt = np.dtype(arr.dtype)
+    if not (dt == np.bool_ or np.issubdtype(dt, np.number)):
+        raise JaxlogError(f"log {name!r} at {where}: {what} has dtype {dt}, not a number or bool")
+    return arr
+
+
+def _check_live(name: str, where: str, leaves: list) -> None:
+    """A tracer from a finished trace (stored in a Python list inside a ``scan`` body and logged
+    outside it, say) would be taken as a constant by JAX and fail, or silently be wrong, later.
+    Its trace is not among the traces enclosing this call: say so here, with the log's name."""
+    live = enclosing_traces()
+    for leaf in leaves:
+        trace = tracer_trace(leaf)
+        if trace is not None and not any(trace is t for t in live):
+            raise JaxlogError(
+                f"log {name!r} at {where}: the value is a tracer that escaped the transformation it was "
+                f"made in (e.g. kept in a Python variable inside a lax.scan/jit/vmap body and logged "
+                f"outside it); log it inside that body instead")
+
+
+def _count(name: str, where: str, collecting: bool) -> None:
+    _CALLS.n = calls_made() + 1
+    if not collecting and not getattr(_CALLS, "probing", 0):
+        _CALLS.unheard = getattr(_CALLS, "unheard", 0) + 1
+        _CALLS.last_unheard = (name, where)
+
+
+def _log_one(name: Any, value: Any, capacity: Any, indices: dict, where: str) -> None:
+    check_name(name, "log name")
+    if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer))
+                                 or capacity < 1):
+        raise JaxlogError(f"log {name!r} at {where}: capacity must be an int >= 1, got {capacity!r}")
+    leaves, tree = jax.tree_util.tree_flatten(value)
+    if not leaves:
+        raise JaxlogError(f"log {name!r} at {where}: the value holds no arrays (got {value!r})")
+    leaves = [_as_leaf(name, where, "value leaf", x) for x in leaves]
+    idx = []
+    for k, v in indices.items():
+        if k in RESERVED_FIELDS:
+            raise JaxlogError(f"log {name!r} at {where}: index name {k!r} is reserved "
+                              f"({', '.join(RESERVED_FIELDS)} are fields of collected logs)")
+        idx.append(_as_leaf(name, where, f"index {k}=", v))
+    operands = [*leaves, *idx]
+    collecting = COLLECTING.value
+    _count(name, where, collecting)
+    if collecting:
+        _check_live(name, where, operands)
+    site = Site(name, where, None if capacity is None else int(capacity), tree, tuple(indices))
+    log_p.bind(*operands, site=site, vmapped=0)
+
+
+def log(name: Any, value: Any = None, *, capacity: int | None = None, **indices: Any) -> Any:
+    """Log ``value`` (any pytree of arrays) under ``name``; returns ``value`` unchanged.
+
+    ``jl.log({"a": x, "b": y})`` logs several names at once. Keyword ``indices`` (``step=i``,
+    ``episode=e``) are stored beside the value. ``capacity=K``: inside a ``lax.while_loop``, keep
+    the first ``K`` iterations' values (the count of iterations and an overflow flag come with
+    them). Free when nothing collects: the call is dropped when the code is compiled.
+    """
+    where = _caller()
+    if isinstance(name, dict):
+        if value is not None:
+            raise JaxlogError(f"log at {where}: jl.log(dict) takes no value argument (the dict maps names to values)")
+        for k, v in name.items():
+            _log_one(k, v, capacity, indices, where)
+        return name
+    _log_one(name, value, capacity, indices, where)
+    return value

@@ -1,0 +1,71 @@
+"""Every call into JAX whose spelling differs between the supported versions (0.10.2 .. 0.12).
+
+The log layer reads jaxprs and rebinds primitives, so it touches more of JAX than the rest of the
+package; what changed between versions (or has no public spelling) is kept here, one function per
+question, so a new JAX version is adapted in one file.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+from jax.extend import core as jex_core
+from jax.extend import source_info_util
+from jax.interpreters import batching
+
+
+def register_batcher(primitive: Any, rule: Callable) -> None:
+    """``rule(args, dims, **params) -> (outs, out_dims)`` as ``primitive``'s vmap rule, through the
+    documented ``batching.primitive_batchers`` (called only when some operand is mapped)."""
+    batching.primitive_batchers[primitive] = rule
+
+
+class ScanSplit(NamedTuple):
+    """How a ``scan`` eqn's operands divide: ``consts`` first, then ``carry``, then the xs."""
+
+    consts: int
+    carry: int
+
+
+def scan_split(params: dict) -> ScanSplit:
+    if "ft_in" in params:  # jax >= 0.11: the operands' grouping is a flat tree of (consts, carry, xs)
+        groups = params["ft_in"].unpack()
+        return ScanSplit(len(groups[0]), len(groups[1]))
+    return ScanSplit(params["num_consts"], params["num_carry"])
+
+
+def remat_prevent_cse(params: dict) -> bool:
+    """A ``checkpoint`` eqn's ``prevent_cse``, a bool (older) or one flag per output (newer)."""
+    prevent = params["prevent_cse"]
+    return bool(prevent) if isinstance(prevent, bool) else any(prevent)
+
+
+def tracer_trace(x: Any) -> Any:
+    """The trace a tracer belongs to (``None`` for anything else): no public accessor exists."""
+    return getattr(x, "_trace", None) if isinstance(x, jax.core.Tracer) else None
+
+
+def enclosing_traces(limit: int = 64) -> list:
+    """The traces active where this is called, innermost first."""
+    with jex_core.take_current_trace() as current:
+        live = []
+        t = current
+        while t is not None and len(live) < limit:
+            live.append(t)
+            t = getattr(t, "parent_trace", None)
+    return live
+
+
+def eqn_context(eqn: Any) -> Any:
+    """The source info (traceback, name stack) of ``eqn``, for what is bound while rebuilding it."""
+    name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
+    return source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack)
+
+
+def bind(eqn: Any, invals: list) -> list:
+    """What ``jax.core.eval_jaxpr`` does for one equation: bind it again, with its source info."""
+    params = eqn.primitive.get_bind_params(eqn.params)
+    with eqn_context(eqn), eqn.ctx.manager:
+        out = eqn.primitive.bind(*invals, **params)
+    return list(out) if eqn.primitive.multiple_results else [out]

@@ -1,0 +1,288 @@
+"""How each primitive that carries sub-jaxprs is rebuilt when its sub-jaxprs log: a registry
+keyed by primitive (``RULES``), each rule built from the public ``lax`` functions, threading the
+logged values out as extra outputs. A primitive missing here is refused by the interpreter."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.extend.core import primitives as prims
+
+from ..errors import JaxlogError
+from .compat import bind, remat_prevent_cse, scan_split
+from .entries import Entry, Shape, flat
+from .find import jaxpr_has_logs, sites_in
+from .interpreter import Interpreter, Rule
+from .primitive import Site
+
+__all__ = ["RULES"]
+
+RULES: dict[Any, Rule] = {}
+
+
+def rule(*primitives: Any) -> Callable[[Rule], Rule]:
+    def register(fn: Rule) -> Rule:
+        for p in primitives:
+            RULES[p] = fn
+        return fn
+
+    return register
+
+
+@rule(prims.scan_p)
+def _scan(it: Interpreter, eqn: Any, invals: list) -> tuple[list, list[Entry]]:
+    p = eqn.params
+    split = scan_split(p)
+    nc, ncarry = split.consts, split.carry
+    consts, init, xs = invals[:nc], invals[nc:nc + ncarry], invals[nc + ncarry:]
+    body = p["jaxpr"]
+    found: list[list[Shape]] = []
+
+    def fn(carry, x):
+        outs, entries = it.eval(body.jaxpr, body.consts, [*consts, *carry, *x])
+        shapes, leaves = flat(entries)
+        found.append(shapes)
+        return outs[:ncarry], (outs[ncarry:], leaves)
+
+    carry, (ys, stacked) = lax.scan(fn, list(init), list(xs), length=p["length"], reverse=p["reverse"],
+                                    unroll=p["unroll"])
+    length = p["length"]
+    entries = [s.build(lv, (length, *s.lead)) for s, lv in zip(found[-1], stacked)]
+    return [*carry, *ys], entries
+
+
+def _capacity(it: Interpreter, site: Site) -> int:
+    k = site.capacity if site.capacity is not None else it.capacity
+    if k is None:
+        raise JaxlogError(
+            f"log {site.name!r} at {site.where} is inside a lax.while_loop, whose number of iterations is "
+            f"not known before it runs: give it a capacity, jl.log(..., capacity=K) (the first K "
+            f"iterations are kept, with their count and an overflow flag), or a default: "
+            f"jl.spool(f, capacity=K), jl.run(..., log_capacity=K)")
+    return int(k)
+
+
+@rule(prims.while_p)
+def _while(it: Interpreter, eqn: Any, invals: list) -> tuple[list, list[Entry]]:
+    p = eqn.params
+    cn, bn = p["cond_nconsts"], p["body_nconsts"]
+    cconsts, bconsts, init = invals[:cn], invals[cn:cn + bn], invals[cn + bn:]
+    cj, bj = p["cond_jaxpr"], p["body_jaxpr"]
+    if it.tap is None and jaxpr_has_logs(cj.jaxpr):
+        s = sites_in(cj.jaxpr)[0]
+        raise JaxlogError(f"log {s.name!r} at {s.where} is inside a lax.while_loop's cond_fun, which runs "
+                          f"once more than the body: log in the body instead")
+
+    def cond_fn(c):
+        outs, _ = it.eval(cj.jaxpr, cj.consts, [*cconsts, *c[0]])
+        return outs[0]
+
+    shapes = it.shapes_of(bj.jaxpr, bj.consts, [*bconsts, *init]) if it.tap is None else []
+    if not shapes:
+        def plain_body(c):
+            outs, _ = it.eval(bj.jaxpr, bj.consts, [*bconsts, *c[0]])
+            return (outs,)
+
+        (out,) = lax.while_loop(cond_fn, plain_body, (list(init),))
+        return list(out), []
+
+    caps = [_capacity(it, s.site) for s in shapes]
+    bufs0 = [[jnp.zeros((k + 1, *shape), dtype) for shape, dtype in s.avals] for s, k in zip(shapes, caps)]
+
+    def body_fn(c):
+        carry, i, bufs = c
+        outs, entries = it.eval(bj.jaxpr, bj.consts, [*bconsts, *carry])
+        _, leaves = flat(entries)
+        new = []
+        for k, buf, lv in zip(caps, bufs, leaves):
+            slot = jnp.minimum(i, k)  # row k is a trash row: values past the capacity are dropped
+            new.append([lax.dynamic_update_index_in_dim(b, x, slot, 0) for b, x in zip(buf, lv)])
+        return outs, i + 1, new
+
+    out, count, bufs = lax.while_loop(cond_fn, body_fn, (list(init), jnp.int32(0), bufs0))
+    return list(out), [_counted(s.build([b[:k] for b in buf], (k, *s.lead)), count, k)
+                       for s, k, buf in zip(shapes, caps, bufs)]
+
+
+def _counted(e: Entry, count: Any, capacity: int) -> Entry:
+    """A while loop's entry with its iteration count (outermost loop first) and overflow flag."""
+    tree = dict(e.tree)
+    inner_count = tree.pop("count", ())
+    inner_over = tree.pop("overflow", None)
+    over = count > capacity
+    if inner_over is not None:
+        over = over | jnp.any(inner_over)
+    tree["count"] = (count, *inner_count)
+    tree["overflow"] = over
+    e.tree = tree
+    return e
+
+
+@rule(prims.cond_p)
+def _cond(it: Interpreter, eqn: Any, invals: list) -> tuple[list, list[Entry]]:
+    index, ops = invals[0], invals[1:]
+    branches = eqn.params["branches"]
+    if it.tap is not None:
+        def tap_branch(b):
+            return lambda *a: it.eval(b.jaxpr, b.consts, a)[0]
+
+        return list(lax.switch(index, [tap_branch(b) for b in branches], *ops)), []
+
+    specs, with_valid = _branch_specs(it, branches, ops)
+    order = list(specs)
+
+    def make(b):
+        def fn(*a):
+            outs, entries = it.eval(b.jaxpr, b.consts, a)
+            by_key = dict(_keyed(entries))
+            per_key = []
+            for k in order:
+                spec, e = specs[k], by_key.get(k)
+                if e is None:  # this branch does not log it: zeros, marked invalid
+                    leaves = [jnp.zeros(shape, dtype) for shape, dtype in spec.avals]
+                    valid = jnp.zeros(spec.lead, bool)
+                else:
+                    tree = dict(e.tree)
+                    valid = tree.pop("valid", None)
+                    valid = jnp.ones(spec.lead, bool) if valid is None else valid
+                    leaves = jax.tree_util.tree_leaves(tree)
+                per_key.append((leaves, valid if with_valid[k] else None))
+            return outs, per_key
+
+        return fn
+
+    outs, per_key = lax.switch(index, [make(b) for b in branches], *ops)
+    entries = []
+    for k, (leaves, valid) in zip(order, per_key):
+        e = specs[k].build(leaves)
+        if valid is not None:
+            e.tree = {**e.tree, "valid": valid}
+        entries.append(e)
+    return list(outs), entries
+
+
+def _branch_specs(it: Interpreter, branches: Any, ops: list) -> tuple[dict, dict]:
+    """What the branches log, matched by (name, occurrence) (the k-th log of a name in one branch
+    is the k-th in another): the shape of each, in order, and whether it needs a ``valid`` field
+    (some branch does not log it)."""
+    keyed: list[dict] = []
+    order: list[tuple[str, int]] = []
+    for b in branches:
+        d = {}
+        for k, s in _keyed(it.shapes_of(b.jaxpr, b.consts, list(ops))):
+            d[k] = s
+            if k not in order:
+                order.append(k)
+        keyed.append(d)
+    specs: dict = {}
+    with_valid: dict = {}
+    for k in order:
+        present = [d[k] for d in keyed if k in d]
+        ref = _strip_valid(present[0])
+        for s in present[1:]:
+            if not _strip_valid(s).same(ref):
+                raise JaxlogError(
+                    f"log {k[0]!r} is logged with different shapes or dtypes in the branches of one "
+                    f"lax.cond/switch: {ref.describe()} at {ref.site.where} vs {_strip_valid(s).describe()} "
+                    f"at {s.site.where}; use two names")
+        specs[k] = ref
+        with_valid[k] = len(present) < len(keyed) or any(_strip_valid(s) is not s for s in present)
+    return specs, with_valid
+
+
+def _keyed(items: list) -> list:
+    """``[((name, k), item)]``: the k-th occurrence of each name, in order."""
+    seen: dict[str, int] = {}
+    out = []
+    for x in items:
+        n = seen.get(x.site.name, 0)
+        seen[x.site.name] = n + 1
+        out.append(((x.site.name, n), x))
+    return out
+
+
+def _strip_valid(s: Shape) -> Shape:
+    """The shape of an entry without its ``valid`` field (branches agree on everything else)."""
+    tree = jax.tree_util.tree_unflatten(s.treedef, list(range(s.treedef.num_leaves)))
+    if "valid" not in tree:
+        return s
+    del tree["valid"]
+    keep = jax.tree_util.tree_leaves(tree)
+    return Shape(s.site, jax.tree_util.tree_structure(tree), s.lead, s.vmapped, tuple(s.avals[i] for i in keep))
+
+
+def _inline(param: str, closed: bool) -> Rule:
+    """A call (nested jit, closed call): its body evaluated in place, as if inlined."""
+    def inline(it: Interpreter, eqn: Any, invals: list) -> tuple[list, list[Entry]]:
+        j = eqn.params[param]
+        if closed:
+            return it.eval(j.jaxpr, j.consts, invals)
+        return it.eval(j, [], invals)
+
+    return inline
+
+
+rule(prims.jit_p)(_inline("jaxpr", True))
+rule(prims.closed_call_p)(_inline("call_jaxpr", True))
+rule(prims.call_p)(_inline("call_jaxpr", False))
+
+
+@rule(prims.custom_jvp_call_p, prims.custom_vjp_call_p)
+def _custom(it: Interpreter, eqn: Any, invals: list) -> tuple[list, list[Entry]]:
+    """A function with its own derivative rule: its outputs come from the equation bound again
+    unchanged (so differentiating them uses the rule), the logs from its body evaluated beside it
+    (inlining the body instead would differentiate the body and drop the rule). The body's
+    outputs there are unused; XLA merges the two forward computations."""
+    outs = bind(eqn, invals)
+    j = eqn.params["call_jaxpr"]
+    if it.tap is not None:
+        it.eval(j.jaxpr, j.consts, invals)
+        return outs, []
+    found: list[list[Shape]] = []
+
+    def body_logs(*a):
+        _, entries = it.eval(j.jaxpr, j.consts, a)
+        shapes, leaves = flat(entries)
+        found.append(shapes)
+        return leaves
+
+    leaves = _differentiated_by_body(body_logs, sites_in(j.jaxpr)[0], str(eqn.primitive))(*invals)
+    return outs, [s.build(lv) for s, lv in zip(found[-1], leaves)]
+
+
+def _differentiated_by_body(body_logs: Callable, site: Site, what: str) -> Callable:
+    """``body_logs`` whose derivatives are its own (the logged values' true ones); a body JAX
+    cannot differentiate (a callback, say: the reason for many custom rules) is refused when
+    something differentiates it, naming the log, instead of failing inside JAX."""
+    fn = jax.custom_jvp(body_logs)
+
+    def jvp(primals, tangents):
+        try:
+            return jax.jvp(body_logs, primals, tangents)
+        except Exception as e:
+            raise JaxlogError(
+                f"log {site.name!r} at {site.where} is inside a {what} whose body cannot be differentiated "
+                f"({type(e).__name__}: {str(e)[:300]}); the function's own rule gives its outputs' "
+                f"derivatives, but not the logged values': log them outside the function, or return them "
+                f"from it") from e
+
+    fn.defjvp(jvp)
+    return fn
+
+
+@rule(prims.remat_p)
+def _remat(it: Interpreter, eqn: Any, invals: list) -> tuple[list, list[Entry]]:
+    p = eqn.params
+    found: list[list[Shape]] = []
+
+    def fn(*a):
+        outs, entries = it.eval(p["jaxpr"], [], a)
+        shapes, leaves = flat(entries)
+        found.append(shapes)
+        return outs, leaves
+
+    outs, leaves = jax.checkpoint(fn, prevent_cse=remat_prevent_cse(p), policy=p["policy"])(*invals)
+    return list(outs), [s.build(lv) for s, lv in zip(found[-1], leaves)]
