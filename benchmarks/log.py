@@ -195,7 +195,7 @@ def lox_workload(kernel: str, steps: int, repeats: int, tmp: Path):
 
     bare = scan_with_records(step, energies, positions, steps)  # the limit: the same values threaded out by hand
 
-    from pytest_jaxlog.log import collect
+    from pytest_jaxlog.logs import collect
 
     same = _hlo(jax.jit(collect(logged)).lower(state).compile()) == _hlo(bare.lower(state).compile())
     out, logs = spooled(state)

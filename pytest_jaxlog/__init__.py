@@ -7,8 +7,6 @@ PYTEST_DONT_REWRITE
 """
 
 import importlib as _importlib
-import sys as _sys
-import types as _types
 import typing as _typing
 
 __version__ = "0.1.0"
@@ -40,10 +38,10 @@ _EXPORTS = {
     "ProgressLogger": "drive.loggers",
     "RingBuffer": "drive.loggers",
     # logging from inside the kernel
-    "log": "log",
-    "spool": "log",
-    "tap": "log",
-    "LogEvent": "log",
+    "log": "logs",
+    "spool": "logs",
+    "tap": "logs",
+    "LogEvent": "logs",
     # sinks and reading
     "Sink": "store.sink",
     "HDF5Writer": "store.hdf5",
@@ -90,20 +88,6 @@ def __dir__() -> list[str]:
     return [*__all__, "__version__"]
 
 
-class _Package(_types.ModuleType):
-    """The layer ``log/`` and the function ``jl.log`` share a name. Python binds a sub-package on
-    its parent when it loads it (``pytest_jaxlog.log = <module>``); here the public name keeps
-    the function the sub-package exports."""
-
-    def __setattr__(self, name: str, value: _typing.Any) -> None:
-        if name == "log" and isinstance(value, _types.ModuleType):
-            value = value.log
-        super().__setattr__(name, value)
-
-
-_sys.modules[__name__].__class__ = _Package
-
-
 if _typing.TYPE_CHECKING:  # static re-exports for type checkers and IDEs
     from .errors import JaxlogAssertionError, JaxlogError, JaxlogRuntimeWarning, Terminated, WriterError
     from .record.frames import Frames, LeafSpec, Schema
@@ -111,7 +95,7 @@ if _typing.TYPE_CHECKING:  # static re-exports for type checkers and IDEs
     from .store.hdf5 import HDF5Writer
     from .check.invariants import (Invariant, InvariantViolation, aggregate, bounded, conserved, finite, invariant,
                                    monotonic)
-    from .log import LogEvent, log, spool, tap
+    from .logs import LogEvent, log, spool, tap
     from .drive.loggers import CompositeLogger, Logger, NullLogger, ProgressLogger, RingBuffer
     from .profiling.timeline import Timeline
     from .profiling.window import ProfileWindow

@@ -16,7 +16,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pytest_jaxlog"
 
-RANK = {"errors": 0, "record": 1, "log": 2, "check": 3, "store": 3, "profiling": 3, "drive": 4, "golden": 4,
+RANK = {"errors": 0, "record": 1, "logs": 2, "check": 3, "store": 3, "profiling": 3, "drive": 4, "golden": 4,
         "cli": 5, "harness": 5, "plugin": 6, "__main__": 7}
 HEAVY = ("jax", "jaxlib", "numpy", "h5py", "perfetto", "ml_dtypes")
 

@@ -16,7 +16,7 @@ import pytest
 from jax import lax
 
 import pytest_jaxlog as jl
-from pytest_jaxlog.log import collect, has_logs
+from pytest_jaxlog.logs import collect, has_logs
 
 eq = np.testing.assert_array_equal
 X = jnp.linspace(-1.0, 1.0, 8, dtype=jnp.float32)
@@ -928,13 +928,13 @@ def test_run_keyed_step_with_aux_and_logs_and_a_postmortem(tmp_path):
 
 
 def test_jl_log_stays_the_function_whatever_imports_the_log_layer_first():
-    """The layer ``pytest_jaxlog/log/`` and ``jl.log`` share a name; importing the layer (as every
+    """The layer ``pytest_jaxlog/logs/`` must not shadow the function ``jl.log``; importing the layer (as every
     driver does) must not turn ``jl.log`` into a module. A fresh interpreter, layer imported first."""
     import subprocess
     import sys
 
     code = ("import pytest_jaxlog as jl, pytest_jaxlog.drive.run, inspect\n"
-            "from pytest_jaxlog.log import collect\n"
+            "from pytest_jaxlog.logs import collect\n"
             "assert inspect.isfunction(jl.log), jl.log\n"
             "from pytest_jaxlog import log\n"
             "assert log is jl.log and callable(collect)\n"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 
 import jax
 import jax.numpy as jnp

@@ -61,7 +61,7 @@ from jax import lax
 from ..errors import JaxlogError
 from ..record.records import AUX, LOG
 from ..record.schedule import At, Every, Schedule, Window
-from ..log import collect, collected_shapes
+from ..logs import collect, collected_shapes
 from .resolve import check_system_axes, view_values, flatten_view
 
 INT32_MAX = 2**31 - 1

@@ -18,7 +18,7 @@ import numpy as np
 from jax import lax
 
 from ..errors import JaxlogError, JaxlogRuntimeWarning
-from ..log import unheard, unheard_count
+from ..logs import unheard, unheard_count
 from ..profiling.timeline import now_ns
 from ..profiling.timings import CompileTracker
 from ..record.frames import Frames, Schema

@@ -20,7 +20,7 @@ from ..errors import JaxlogError
 from ..record.frames import LeafSpec, Schema
 from ..record.records import AUX, LOG, check_name, leaf_paths
 from ..record.schedule import Every, Schedule, as_schedule
-from ..log import Shapes, collect, has_logs, shapes_and_logs
+from ..logs import Shapes, collect, has_logs, shapes_and_logs
 
 AUX_SCHEDULE = Every(1, start=1)  # aux comes out of the application k -> k+1: recorded at k+1
 LOG_SCHEDULE = AUX_SCHEDULE  # so do the step's logs

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -91,11 +92,7 @@ def finish(entries: list[Entry]) -> dict[str, Any]:
         tree = dict(tree)
         if e.vmapped:
             n, v = len(lead), e.vmapped
-            src, dst = list(range(n, n + v)), list(range(v))
-
-            def front(x):
-                return jnp.moveaxis(x, src, dst)
-
+            front = functools.partial(jnp.moveaxis, source=list(range(n, n + v)), destination=list(range(v)))
             tree["value"] = jax.tree_util.tree_map(front, tree["value"])
             for k in e.site.index_names:
                 tree[k] = front(tree[k])

@@ -51,8 +51,9 @@ The layer, one concept a module: :mod:`.primitive` (the primitive and its JAX ru
 (``jl.log`` itself), :mod:`.find` (logs in jaxprs), :mod:`.trace`, :mod:`.interpreter` (the
 collector) and :mod:`.rules` (its registry of control-flow rules), :mod:`.entries` (the results'
 structure), :mod:`.verbs` (``collect``, ``jl.spool``, ``jl.tap``), and :mod:`.compat`, the only
-module that knows how JAX versions differ. Import its parts with ``from pytest_jaxlog.log import
-...``: the package's attribute ``pytest_jaxlog.log`` is the function ``jl.log``.
+module that knows how JAX versions differ. (The layer is ``logs``, not ``log``: the package's
+attribute ``pytest_jaxlog.log`` is the function ``jl.log``, which a sub-package of that name would
+replace as soon as it is imported.)
 """
 
 from .call import RESERVED_FIELDS, log, unheard, unheard_count
