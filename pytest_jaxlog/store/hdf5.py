@@ -55,7 +55,7 @@ from ..record.frames import FORMAT_VERSION, Frames, Schema
 from .bytequeue import ByteQueue, Item, Stalled
 from .dtypes import DTYPE_ATTR, KEY_IMPL_ATTR, check_frames, check_leaf_dtype, encode, storage_dtype, to_host
 from .pathlock import PathLock
-from .sink import STATUSES
+from .sink import STATUSES, Sink
 from .space import NoSpace, SpaceReserve, superblock_end, trim
 
 LIBVER = ("v108", "v108")
@@ -306,7 +306,7 @@ def _close_discarding(f: h5py.File) -> None:
         pass
 
 
-class HDF5Writer:
+class HDF5Writer(Sink):
     """Sink writing an H5MD trajectory file from a background thread.
 
     ``flush_every_s``: how often data and ``steps_done`` reach the disk (what survives a kill).

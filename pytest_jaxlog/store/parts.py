@@ -28,6 +28,7 @@ from ..errors import JaxlogError
 from ..record.frames import FORMAT_VERSION, Block, Frames, Schema, Shards
 from .hdf5 import CRC_ATTR, CRC_COVERS, LIBVER, HDF5Writer, _json, _text, json_crc32
 from .selection import row_numbers, select_frames
+from .sink import Sink
 
 PARTS_ATTR = "parts"  # on the index's /jaxlog: the part files and blocks, JSON
 PART_META = "part"  # in a part's meta: {"run_id", "process", "index"}
@@ -55,7 +56,7 @@ def _local_path(path: str, block: int, n_blocks: int) -> str:
     return path if n_blocks == 1 else f"{path}@{block}"
 
 
-class PartsWriter:
+class PartsWriter(Sink):
     """The sink an ``HDF5Writer`` becomes in a run over several processes: this process's part
     file (written by an HDF5Writer with the same options) and, in process 0, the index."""
 
