@@ -7,6 +7,7 @@ run resume: the driver asks "which steps in [lo, hi] are scheduled?" for each ch
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,10 +33,45 @@ def check_step(value: Any, what: str) -> int:
     return int(value)
 
 
+@dataclass(frozen=True)
+class Progression:
+    """The steps ``start, start + n, ...`` up to ``stop`` inclusive (None: for ever): the form in
+    which device code can decide a step with two comparisons and a remainder."""
+
+    start: int
+    n: int
+    stop: int | None
+
+
 class Schedule:
     """Base class of schedules. Subclasses implement ``steps_between``, ``mask``, ``max_in_span``
     and ``to_json``, and should override ``contains`` and ``count_between``: the drivers ask them
-    per log call and per file, and the generic versions build arrays."""
+    per log call and per file, and the generic versions build arrays.
+
+    ``first_step``/``last_step`` are what a window needs to know when it is complete; the base
+    cannot know them, so it raises (a schedule is never taken as "starts at 0, never ends").
+    ``progression``/``table`` are the closed forms the run's device code is built from; a
+    schedule with neither (the default) is decided on the host, per chunk, from ``mask``. A
+    subclass of ``Every``, ``At`` or ``Window`` that changes which steps are scheduled overrides
+    these four too."""
+
+    def first_step(self) -> int:
+        """The first step this schedule names."""
+        raise JaxlogError(f"schedule {self!r} ({type(self).__qualname__}) does not say its first step: "
+                          f"implement first_step() and last_step() to use it here")
+
+    def last_step(self) -> int | None:
+        """The last step this schedule names; None when it goes on for ever."""
+        raise JaxlogError(f"schedule {self!r} ({type(self).__qualname__}) does not say its last step: "
+                          f"implement first_step() and last_step() to use it here")
+
+    def progression(self) -> Progression | None:
+        """This schedule as an arithmetic progression, when it is one."""
+        return None
+
+    def table(self) -> np.ndarray | None:
+        """This schedule's steps, ascending int64, when it is a finite list of them."""
+        return None
 
     def steps_between(self, lo: int, hi: int) -> np.ndarray:
         """Scheduled steps k with lo <= k <= hi, ascending, as int64."""
@@ -108,6 +144,15 @@ class Every(Schedule):
     def is_every_step(self) -> bool:
         return self.n == 1 and self.start == 0
 
+    def first_step(self) -> int:
+        return self.start
+
+    def last_step(self) -> None:
+        return None
+
+    def progression(self) -> Progression:
+        return Progression(start=self.start, n=self.n, stop=None)
+
     def to_json(self) -> dict:
         return {"kind": "every", "n": self.n, "start": self.start}
 
@@ -146,6 +191,15 @@ class At(Schedule):
         ends = np.searchsorted(self.steps, self.steps + length, side="left")
         return int((ends - np.arange(len(self.steps))).max())
 
+    def first_step(self) -> int:
+        return int(self.steps[0])
+
+    def last_step(self) -> int:
+        return int(self.steps[-1])
+
+    def table(self) -> np.ndarray:
+        return self.steps
+
     def to_json(self) -> dict:
         return {"kind": "at", "steps": [int(s) for s in self.steps]}
 
@@ -180,6 +234,15 @@ class Window(Schedule):
 
     def count_between(self, lo: int, hi: int) -> int:
         return self._every.count_between(lo, min(hi, self.stop))
+
+    def first_step(self) -> int:
+        return self.start
+
+    def last_step(self) -> int:
+        return self.stop
+
+    def progression(self) -> Progression:
+        return Progression(start=self.start, n=self.every, stop=self.stop)
 
     def to_json(self) -> dict:
         return {"kind": "window", "start": self.start, "stop": self.stop, "every": self.every}
