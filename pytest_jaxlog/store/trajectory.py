@@ -28,7 +28,9 @@ from ..record.records import leaf_paths
 from ..record.schedule import is_int, schedule_from_json
 from . import h5safe
 from .dtypes import DTYPE_ATTR, KEY_IMPL_ATTR, check_leaf_dtype, decode, storage_dtype
-from .hdf5 import CRC_ATTR, HDF5Writer, json_crc32
+from .format import CRC_ATTR, json_crc32
+from .hdf5 import HDF5Writer
+from .parts import PartIndex, invalid_index, read_blocks, read_index
 from .selection import select_frames
 from .sink import STATUSES
 
@@ -738,6 +740,18 @@ def _read_info(jl: h5py.Group, file: Path) -> dict[str, Any]:
     return info
 
 
+class PartedTrajectory(Trajectory):
+    """One trajectory over the part files a multi-process index names (``parts.read_index``)."""
+
+    def __init__(self, schema: Schema, info: dict, *, path: Path, parted: PartIndex):
+        super().__init__(schema, info, path=path)
+        self._parted = parted
+        self.parts = parted.files
+
+    def _file_read(self, name: str, what: str, index: Any) -> np.ndarray | None:
+        return read_blocks(self, self._parted, name, what, index)
+
+
 def load(path: str | os.PathLike, *, part_of: Path | None = None) -> Trajectory:
     """Open a pytest-jaxlog HDF5 trajectory (values are read lazily, on access).
 
@@ -766,11 +780,10 @@ def load(path: str | os.PathLike, *, part_of: Path | None = None) -> Trajectory:
             info = _read_info(jl, path)
             schema = _schema_from_json(info["schema"], path)
             if info.get("parts") is not None:  # the index of a run over several processes: data in the parts
-                from .parts import invalid_index, load_parts  # the multi-process index reader builds on this module
-
                 if part_of is not None:
                     raise invalid_index(part_of, f"part file {path.name} is itself an index")
-                return load_parts(path, schema, info)
+                parted = read_index(path, schema, info, load_part=lambda f: load(f, part_of=path))
+                return PartedTrajectory(schema, info, path=path, parted=parted)
             obs = h5safe.child(f, "observables", path, "/observables")
             absent = [p for p in schema.paths
                       if obs is None or h5safe.get(h5safe.group(obs, path, "/observables"), p, path, "/observables") is None]
