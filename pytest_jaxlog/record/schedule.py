@@ -13,24 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import JaxlogError
-
-
-def check_count(value: Any, what: str, *, minimum: int = 0, none: str = "") -> int:
-    """``value`` as an int >= ``minimum`` (bools and floats refused), or one JaxlogError naming
-    ``what``; ``none`` adds the alternative to the message (``"or None"``)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        alt = f" {none}" if none else ""
-        raise JaxlogError(f"{what} must be an int >= {minimum}{alt}, got {value!r}")
-    return int(value)
-
-
-def check_step(value: Any, what: str) -> int:
-    """A step number: an int >= 0."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise JaxlogError(f"{what} must be an integer step, got {value!r}")
-    if value < 0:
-        raise JaxlogError(f"{what} must be >= 0, got {value}")
-    return int(value)
+from .numbers import check_count, check_step, is_integer  # the drivers import the first two from here too
 
 
 @dataclass(frozen=True)
@@ -113,9 +96,7 @@ class Schedule:
 
 class Every(Schedule):
     def __init__(self, n: int, start: int = 0):
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
-            raise JaxlogError(f"every(n) needs an integer n >= 1, got n={n!r}")
-        self.n = int(n)
+        self.n = check_count(n, "every(n)", minimum=1, expected="needs an integer n >= 1")
         self.start = check_step(start, "every(start=...)")
 
     def steps_between(self, lo: int, hi: int) -> np.ndarray:
@@ -293,7 +274,7 @@ def schedule_from_json(data: Any) -> Schedule:
     if fields is None:
         raise JaxlogError(f"unknown schedule kind {kind!r}")
     for key in fields:
-        if key in data and not (is_int(data[key]) and 0 <= data[key] < LARGEST_STORED_STEP):
+        if key in data and not (is_integer(data[key]) and 0 <= data[key] < LARGEST_STORED_STEP):
             raise JaxlogError(f"schedule {kind} field {key!r} must be an integer >= 0, got {data[key]!r}")
     try:
         if kind == "every":
@@ -303,11 +284,6 @@ def schedule_from_json(data: Any) -> Schedule:
     except KeyError as exc:
         raise JaxlogError(f"schedule {kind} has no field {exc}") from None
     steps = data.get("steps")
-    if not isinstance(steps, list) or not steps or not all(is_int(k) and 0 <= k < LARGEST_STORED_STEP for k in steps):
+    if not isinstance(steps, list) or not steps or not all(is_integer(k) and 0 <= k < LARGEST_STORED_STEP for k in steps):
         raise JaxlogError("schedule at needs a list of integer steps >= 0")
     return At(*steps)
-
-
-def is_int(x: Any) -> bool:
-    """A JSON integer (a bool is not one)."""
-    return isinstance(x, int) and not isinstance(x, bool)

@@ -25,7 +25,8 @@ import numpy as np
 from ..errors import JaxlogError
 from ..record.frames import FORMAT_VERSION, Frames, Schema, dtype_from_name
 from ..record.records import leaf_paths
-from ..record.schedule import is_int, schedule_from_json
+from ..record.numbers import is_integer
+from ..record.schedule import schedule_from_json
 from . import h5safe
 from .dtypes import DTYPE_ATTR, KEY_IMPL_ATTR, check_leaf_dtype, decode, storage_dtype
 from .format import CRC_ATTR, json_crc32
@@ -656,7 +657,7 @@ def _schema_from_json(data: Any, file: Path) -> Schema:
         if not isinstance(record, str):
             raise JaxlogError(f"{at} ({path!r}): 'record' must be a string")
         shape = leaf.get("shape")
-        if not isinstance(shape, list) or len(shape) >= _MAX_RANK or not all(is_int(n) and 0 <= n < 2**40 for n in shape):
+        if not isinstance(shape, list) or len(shape) >= _MAX_RANK or not all(is_integer(n) and 0 <= n < 2**40 for n in shape):
             raise JaxlogError(f"{at} ({path!r}): shape {shape!r} is not a list of sizes")
         dtype = leaf.get("dtype")
         if not isinstance(dtype, str):
@@ -713,7 +714,7 @@ def _read_info(jl: h5py.Group, file: Path) -> dict[str, Any]:
     if missing:
         raise JaxlogError(f"{file} is not a pytest-jaxlog trajectory: /jaxlog lacks {', '.join(missing)}")
     version = info["format_version"]
-    if not is_int(version) or version < 1:
+    if not is_integer(version) or version < 1:
         raise JaxlogError(f"{file}: /jaxlog attribute 'format_version' is {version!r}, not a version number")
     if version > FORMAT_VERSION:
         raise JaxlogError(
@@ -724,7 +725,7 @@ def _read_info(jl: h5py.Group, file: Path) -> dict[str, Any]:
     if info["status"] not in STATUSES:
         raise JaxlogError(f"{file}: /jaxlog attribute 'status' is {info['status']!r}; expected one of "
                           f"{', '.join(STATUSES)}")
-    if not is_int(info["steps_done"]) or not 0 <= info["steps_done"] < 2**63:
+    if not is_integer(info["steps_done"]) or not 0 <= info["steps_done"] < 2**63:
         raise JaxlogError(f"{file}: /jaxlog attribute 'steps_done' is {info['steps_done']!r}, not a step number")
     for key in ("provenance", "meta", "violation", "summary"):
         if info.get(key) is not None and not isinstance(info[key], dict):
@@ -733,7 +734,7 @@ def _read_info(jl: h5py.Group, file: Path) -> dict[str, Any]:
     if summary.get("stop_reason") not in (None, "until", "steps", "violation", "interrupted"):
         raise JaxlogError(f"{file}: /jaxlog summary's stop_reason is {summary.get('stop_reason')!r}")
     done = summary.get("systems_done")
-    if done is not None and not (isinstance(done, list) and all(is_int(d) and d >= 0 for d in done)):
+    if done is not None and not (isinstance(done, list) and all(is_integer(d) and d >= 0 for d in done)):
         raise JaxlogError(f"{file}: /jaxlog summary's systems_done is not a list of step numbers")
     if info.get("writer_error") is not None and not isinstance(info["writer_error"], str):
         raise JaxlogError(f"{file}: /jaxlog attribute 'writer_error' must be a string or null")
