@@ -19,11 +19,22 @@ def is_integer(x: Any) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
-def check_count(value: Any, what: str, *, minimum: int = 0, none: str = "", expected: str | None = None) -> int:
-    """``value`` as an int >= ``minimum``, or one JaxlogError ``"<what> <expected>, got <value>"``:
-    ``expected`` defaults to ``"must be an int >= <minimum>"``, and ``none`` adds the alternative
-    (``"or None"``)."""
+LARGEST_STORED_STEP = 2**62  # steps a file may name: sums and differences of them stay within int64
+
+
+def is_stored_step(x: Any) -> bool:
+    """A step number a file may hold (the reader refuses any other, so nothing writes one)."""
+    return is_integer(x) and 0 <= x < LARGEST_STORED_STEP
+
+
+def check_count(value: Any, what: str, *, minimum: int = 0, none: str = "", expected: str | None = None,
+                below: int | None = None) -> int:
+    """``value`` as an int >= ``minimum`` (and < ``below``), or one JaxlogError ``"<what>
+    <expected>, got <value>"``: ``expected`` defaults to ``"must be an int >= <minimum>"``, and
+    ``none`` adds the alternative (``"or None"``)."""
     if is_integer(value) and value >= minimum:
+        if below is not None and value >= below:
+            raise JaxlogError(f"{what} must be < {below}, got {int(value)}")
         return int(value)
     alt = f" {none}" if none else ""
     shown = int(value) if is_integer(value) else value
@@ -31,10 +42,24 @@ def check_count(value: Any, what: str, *, minimum: int = 0, none: str = "", expe
 
 
 def check_step(value: Any, what: str) -> int:
-    """A step number: an int >= 0."""
+    """A step number: an int >= 0 that a file can hold."""
     if not is_integer(value):
         raise JaxlogError(f"{what} must be an integer step, got {value!r}")
-    return check_count(value, what, expected="must be >= 0")
+    return check_count(value, what, expected="must be >= 0", below=LARGEST_STORED_STEP)
+
+
+def is_dt(dt: Any) -> bool:
+    """What a step may last (``dt=``): None or a finite real number; the writer and the reader
+    of trajectory files both hold to it."""
+    return dt is None or (isinstance(dt, (int, float, np.integer, np.floating)) and not isinstance(dt, (bool, np.bool_))
+                          and math.isfinite(dt))
+
+
+def check_dt(dt: Any, what: str = "dt") -> float | None:
+    """``dt`` as a float (or None) when :func:`is_dt` holds, else one JaxlogError naming it."""
+    if not is_dt(dt):
+        raise JaxlogError(f"{what} must be a finite number or None, got {dt!r}: a trajectory file cannot hold it")
+    return None if dt is None else float(dt)
 
 
 def real(x: Any, what: str) -> float:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import JaxlogError
-from .numbers import check_count, check_step, is_integer  # the drivers import the first two from here too
+from .numbers import LARGEST_STORED_STEP, check_count, check_step, is_stored_step  # noqa: F401  (drivers import these from here)
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ class Schedule:
 
 class Every(Schedule):
     def __init__(self, n: int, start: int = 0):
-        self.n = check_count(n, "every(n)", minimum=1, expected="needs an integer n >= 1")
+        self.n = check_count(n, "every(n)", minimum=1, expected="needs an integer n >= 1", below=LARGEST_STORED_STEP)
         self.start = check_step(start, "every(start=...)")
 
     def steps_between(self, lo: int, hi: int) -> np.ndarray:
@@ -259,8 +259,6 @@ def as_schedule(value: Any, what: str) -> Schedule:
     raise JaxlogError(f"{what}: a schedule must be an int or jl.every/at/window, got {value!r}")
 
 
-LARGEST_STORED_STEP = 2**62  # steps a file may name: sums and differences of them stay within int64
-
 
 def schedule_from_json(data: Any) -> Schedule:
     """A schedule as a file stores it. The file may be hostile: anything else than what
@@ -274,7 +272,7 @@ def schedule_from_json(data: Any) -> Schedule:
     if fields is None:
         raise JaxlogError(f"unknown schedule kind {kind!r}")
     for key in fields:
-        if key in data and not (is_integer(data[key]) and 0 <= data[key] < LARGEST_STORED_STEP):
+        if key in data and not is_stored_step(data[key]):
             raise JaxlogError(f"schedule {kind} field {key!r} must be an integer >= 0, got {data[key]!r}")
     try:
         if kind == "every":
@@ -284,6 +282,6 @@ def schedule_from_json(data: Any) -> Schedule:
     except KeyError as exc:
         raise JaxlogError(f"schedule {kind} has no field {exc}") from None
     steps = data.get("steps")
-    if not isinstance(steps, list) or not steps or not all(is_integer(k) and 0 <= k < LARGEST_STORED_STEP for k in steps):
+    if not isinstance(steps, list) or not steps or not all(is_stored_step(k) for k in steps):
         raise JaxlogError("schedule at needs a list of integer steps >= 0")
     return At(*steps)

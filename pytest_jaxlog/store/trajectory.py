@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple
@@ -23,9 +22,9 @@ import h5py
 import numpy as np
 
 from ..errors import JaxlogError
-from ..record.frames import FORMAT_VERSION, Frames, Schema, dtype_from_name
-from ..record.records import leaf_paths
-from ..record.numbers import is_integer
+from ..record.frames import FORMAT_VERSION, MAX_RANK, MAX_SIZE, Frames, Schema, dtype_from_name
+from ..record.records import is_record_path, leaf_paths
+from ..record.numbers import is_dt, is_integer
 from ..record.schedule import schedule_from_json
 from . import h5safe
 from .dtypes import DTYPE_ATTR, KEY_IMPL_ATTR, check_leaf_dtype, decode, storage_dtype
@@ -38,7 +37,6 @@ from .sink import STATUSES
 _REQUIRED = ("format_version", "schema", "status", "steps_done")
 _OPTIONAL = ("provenance", "meta", "violation", "writer_error", "summary", "parts")
 _READ_ERRORS = (OSError, RuntimeError, KeyError)  # what h5py raises for unreadable or corrupted data
-_MAX_RANK = 32  # numpy's limit on dimensions
 
 
 def _open(path: Path) -> h5py.File:
@@ -645,19 +643,19 @@ def _schema_from_json(data: Any, file: Path) -> Schema:
     if not isinstance(data.get("batched", False), bool):
         raise JaxlogError(f"{where}: 'batched' must be true or false")
     dt = data.get("dt")
-    if dt is not None and not (isinstance(dt, (int, float)) and not isinstance(dt, bool) and math.isfinite(dt)):
+    if not is_dt(dt):
         raise JaxlogError(f"{where}: 'dt' must be a finite number or null, got {dt!r}")
     for i, leaf in enumerate(data["leaves"]):
         at = f"{where}, leaf {i}"
         if not isinstance(leaf, dict):
             raise JaxlogError(f"{at} is not an object")
         path, record = leaf.get("path"), leaf.get("record")
-        if not isinstance(path, str) or not path or any(p in ("", ".", "..") for p in path.split("/")):
+        if not is_record_path(path):
             raise JaxlogError(f"{at}: record path {path!r} is not a/b/c names")
         if not isinstance(record, str):
             raise JaxlogError(f"{at} ({path!r}): 'record' must be a string")
         shape = leaf.get("shape")
-        if not isinstance(shape, list) or len(shape) >= _MAX_RANK or not all(is_integer(n) and 0 <= n < 2**40 for n in shape):
+        if not isinstance(shape, list) or len(shape) >= MAX_RANK or not all(is_integer(n) and 0 <= n < MAX_SIZE for n in shape):
             raise JaxlogError(f"{at} ({path!r}): shape {shape!r} is not a list of sizes")
         dtype = leaf.get("dtype")
         if not isinstance(dtype, str):
