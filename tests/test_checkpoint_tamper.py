@@ -26,36 +26,26 @@ RECORD = {"x": lambda s: s["x"], "n": jl.Record(lambda s: s["n"], every=3),
 CKPT = "jaxlog/attachments/checkpoint"
 
 
-class _StopAt(jl.ProgressLogger):
-    def __init__(self, total, at):
-        super().__init__(total, enabled=False)
-        self.at = at
-
-    def advance(self, step, state=None):
-        if step >= self.at:
-            raise KeyboardInterrupt
+FROM = 30  # the checkpoint every test resumes from (the file's run went on to step 60)
 
 
 @pytest.fixture(scope="module")
-def stopped(tmp_path_factory):
-    """A run of 60 steps stopped by Ctrl-C past step 35, checkpoints every 10 steps."""
-    path = tmp_path_factory.mktemp("stopped") / "t.h5"
-    with pytest.raises(KeyboardInterrupt):
-        jl.run(step, S0, 60, record=RECORD, sinks=[jl.HDF5Writer(path)], checkpoint=jl.every(10), chunk=5,
-               progress=_StopAt(60, 35))
-    traj = jl.load(path)
-    assert traj.status == "stopped" and traj.attachment_steps("checkpoint")[-1] == traj.steps_done
+def ran(tmp_path_factory):
+    """A run of 60 steps with checkpoints every 10 steps."""
+    path = tmp_path_factory.mktemp("run") / "t.h5"
+    jl.run(step, S0, 60, record=RECORD, sinks=[jl.HDF5Writer(path)], checkpoint=jl.every(10), chunk=5, progress=False)
+    assert jl.load(path).attachment_steps("checkpoint") == [10, 20, 30, 40, 50, 60]
     return path
 
 
-def _copy(stopped, tmp_path):
+def _copy(ran, tmp_path):
     path = tmp_path / "t.h5"
-    shutil.copy(stopped, path)
+    shutil.copy(ran, path)
     return path
 
 
 def _resume(path):
-    return jl.resume(path, step, 60, record=RECORD, checkpoint=jl.every(10), chunk=5, progress=False)
+    return jl.resume(path, step, 60, from_step=FROM, record=RECORD, checkpoint=jl.every(10), chunk=5, progress=False)
 
 
 def _refused(path, match):
@@ -66,8 +56,8 @@ def _refused(path, match):
     return info.value
 
 
-def test_an_untampered_copy_resumes_into_the_uninterrupted_trajectory(stopped, tmp_path):
-    path = _copy(stopped, tmp_path)
+def test_an_untampered_copy_resumes_into_the_uninterrupted_trajectory(ran, tmp_path):
+    path = _copy(ran, tmp_path)
     _resume(path)
     ref = jl.run(step, S0, 60, record=RECORD, progress=False).trajectory
     got = jl.load(path)
@@ -77,24 +67,23 @@ def test_an_untampered_copy_resumes_into_the_uninterrupted_trajectory(stopped, t
         np.testing.assert_array_equal(got[p], ref[p])
 
 
-def test_frames_cut_back_below_the_checkpoint_are_a_gap_and_refused(stopped, tmp_path):
-    path = _copy(stopped, tmp_path)
-    newest = jl.load(path).attachment_steps("checkpoint")[-1]
+def test_frames_cut_back_below_the_checkpoint_are_a_gap_and_refused(ran, tmp_path):
+    path = _copy(ran, tmp_path)
+    k = FROM
     with h5py.File(path, "r+") as f:
         g = f["observables/x"]
-        keep = int(np.searchsorted(g["step"][:], newest - 5, side="right"))  # frames after newest-5 cut off
+        keep = int(np.searchsorted(g["step"][:], k - 5, side="right"))  # frames after k - 5 cut off
         for name in ("step", "value"):
             g[name].resize(keep, axis=0)
-    assert jl.load(path).steps("x")[-1] == newest - 5
-    err = _refused(path, rf"checkpoint at step {newest}: record 'x' .* has {newest - 4} frames up to it where its "
-                         rf"schedule names {newest + 1} \(after step {newest - 5} missing\).*cut back")
+    assert jl.load(path).steps("x")[-1] == k - 5
+    err = _refused(path, rf"checkpoint at step {k}: record 'x' .* has {k - 4} frames up to it where its "
+                         rf"schedule names {k + 1} \(after step {k - 5} missing\).*cut back")
     assert str(path) in str(err)
 
 
-def test_swapped_checkpoint_groups_are_refused(stopped, tmp_path):
-    path = _copy(stopped, tmp_path)
-    steps = jl.load(path).attachment_steps("checkpoint")
-    a, b = steps[-2], steps[-1]
+def test_swapped_checkpoint_groups_are_refused(ran, tmp_path):
+    path = _copy(ran, tmp_path)
+    a, b = FROM - 10, FROM
     with h5py.File(path, "r+") as f:
         f.move(f"{CKPT}/{a}", f"{CKPT}/tmp")
         f.move(f"{CKPT}/{b}", f"{CKPT}/{a}")
@@ -102,17 +91,17 @@ def test_swapped_checkpoint_groups_are_refused(stopped, tmp_path):
     _refused(path, rf"checkpoint at step {b} holds the checkpoint of step {a} \(its own record says so\).*swapped")
 
 
-def test_a_state_stored_as_float64_where_the_checkpoint_says_float32_is_refused(stopped, tmp_path):
-    path = _copy(stopped, tmp_path)
-    newest = jl.load(path).attachment_steps("checkpoint")[-1]
+def test_a_state_stored_as_float64_where_the_checkpoint_says_float32_is_refused(ran, tmp_path):
+    path = _copy(ran, tmp_path)
+    k = FROM
     with h5py.File(path, "r+") as f:
-        name = f"{CKPT}/{newest}/state/x"
+        name = f"{CKPT}/{k}/state/x"
         old = f[name]
         data, attrs = old[()].astype(np.float64), dict(old.attrs)
         del f[name]
         new = f.create_dataset(name, data=data)
         for k, v in attrs.items():
             new.attrs[k] = v
-    assert jl.load(path).snapshot("checkpoint", newest).arrays["state/x"].dtype == np.float64
+    assert jl.load(path).snapshot("checkpoint", k).arrays["state/x"].dtype == np.float64
     _refused(path, r"stored state does not match its own record \(state/x is float64\[3\], its record says "
                    r"float32\[3\]\)")

@@ -151,22 +151,22 @@ def test_a_schedules_closed_form_names_exactly_its_steps(schedule):
         np.testing.assert_array_equal(table, want)
 
 
-class _Squares(jl.Schedule):
-    """A schedule the package does not define and that says nothing about itself."""
+class _Powers(jl.Schedule):
+    """Steps 1, 2, 4, 8, ...: a schedule the package does not define and that says nothing about itself."""
 
     def steps_between(self, lo, hi):
-        k = np.arange(int(np.ceil(np.sqrt(max(lo, 0)))), int(np.floor(np.sqrt(max(hi, 0)))) + 1, dtype=np.int64)
-        return k * k
+        out = [1 << e for e in range(63) if lo <= 1 << e <= hi]
+        return np.asarray(out, np.int64)
 
     def mask(self, steps):
         steps = np.asarray(steps, np.int64)
-        return np.round(np.sqrt(steps)) ** 2 == steps
+        return (steps > 0) & (steps & (steps - 1) == 0)
 
     def max_in_span(self, length):
-        return min(length, int(np.sqrt(length)) + 1)
+        return min(length, int(np.log2(max(length, 1))) + 2)
 
     def to_json(self):
-        return {"kind": "squares"}
+        return {"kind": "powers"}
 
 
 def test_a_custom_schedule_is_never_taken_as_starting_at_0_and_never_ending():
@@ -174,16 +174,16 @@ def test_a_custom_schedule_is_never_taken_as_starting_at_0_and_never_ending():
     window's end is needed (an aggregate), that is one JaxlogError, not a window judged wrongly."""
     import jax.numpy as jnp
 
-    sq = _Squares()
-    with pytest.raises(jl.JaxlogError, match=r"_Squares.*first step"):
+    sq = _Powers()
+    with pytest.raises(jl.JaxlogError, match=r"_Powers.*first step"):
         sq.first_step()
-    with pytest.raises(jl.JaxlogError, match=r"_Squares.*last step"):
+    with pytest.raises(jl.JaxlogError, match=r"_Powers.*last step"):
         sq.last_step()
     assert sq.progression() is None and sq.table() is None  # decided on the host
     from pytest_jaxlog.drive.program import device_next, device_schedule
 
     assert device_schedule(sq) is None and device_next(sq) is None
-    with pytest.raises(jl.JaxlogError, match="_Squares"):
+    with pytest.raises(jl.JaxlogError, match="_Powers"):
         jl.run(lambda s: s + 1.0, jnp.zeros(()), 30, record={"x": jl.Record(lambda s: s, every=jl.every(1))},
                invariants=[jl.aggregate("x", "mean", lo=0, steps=sq)], progress=False)
 
@@ -193,7 +193,13 @@ def test_a_custom_schedule_that_says_its_steps_is_judged_and_compiled_like_the_p
     aggregate over it equals the mean of the same frames taken plainly."""
     import jax.numpy as jnp
 
-    class Evens(_Squares):
+    class Evens(jl.Schedule):
+        def max_in_span(self, length):
+            return min((length + 1) // 2, 11)
+
+        def to_json(self):
+            return {"kind": "evens"}
+
         def steps_between(self, lo, hi):
             return np.arange(lo + lo % 2, min(hi, 20) + 1, 2, dtype=np.int64)
 

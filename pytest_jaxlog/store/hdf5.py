@@ -50,7 +50,7 @@ import numpy as np
 
 from ..errors import JaxlogError, WriterError
 from ..record.frames import FORMAT_VERSION, Frames, Schema
-from ..record.numbers import check_count
+from ..record.numbers import is_integer
 from .bytequeue import ByteQueue, Item, Stalled
 from .format import CRC_ATTR, CRC_COVERS, LIBVER, attr_text, json_crc32, json_text
 from .dtypes import DTYPE_ATTR, KEY_IMPL_ATTR, check_frames, check_leaf_dtype, encode, storage_dtype, to_host
@@ -309,7 +309,8 @@ class HDF5Writer(Sink):
         particles: dict[str, dict[str, str]] | None = None,
         overwrite: bool = True,
     ):
-        check_count(queue_bytes, "HDF5Writer(queue_bytes=...)", minimum=1, expected="needs an integer number of bytes >= 1")
+        if not is_integer(queue_bytes) or queue_bytes < 1:
+            raise JaxlogError(f"HDF5Writer(queue_bytes={queue_bytes!r}): needs an integer number of bytes >= 1")
         if flush_every_s < 0:
             raise JaxlogError(f"HDF5Writer(flush_every_s={flush_every_s}): must be >= 0")
         if not stall_timeout_s > 0:
