@@ -188,7 +188,12 @@ class aggregate(Invariant):
     def leaves(self, schema: Schema) -> list[LeafSpec]:
         leaves = super().leaves(schema)
         for leaf in leaves:
-            if window_end(leaf.schedule, self.steps) == _EMPTY:
+            try:
+                end = window_end(leaf.schedule, self.steps)
+            except JaxlogError as exc:  # a schedule that does not say where it starts or ends
+                cause = str(exc).removeprefix("[jaxlog] ")
+                raise JaxlogError(f"invariant {self.name}: record {leaf.path!r}: {cause}") from None
+            if end == _EMPTY:
                 raise JaxlogError(f"invariant {self.name}: record {leaf.path!r} ({leaf.schedule!r}) is never "
                                   f"recorded in {self.window_text}: nothing to aggregate")
         return leaves
