@@ -70,6 +70,9 @@ _EXPORTS = {
     # golden trajectories
     "assert_trajectory_close": "golden",
     "TrajectoryMismatch": "golden",
+    "diff_trajectories": "golden",
+    "Diff": "golden",
+    "RecordDiff": "golden",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -91,7 +94,7 @@ def __dir__() -> list[str]:
 if _typing.TYPE_CHECKING:  # static re-exports for type checkers and IDEs
     from .errors import JaxlogAssertionError, JaxlogError, JaxlogRuntimeWarning, Terminated, WriterError
     from .record.frames import Frames, LeafSpec, Schema
-    from .golden import TrajectoryMismatch, assert_trajectory_close
+    from .golden import Diff, RecordDiff, TrajectoryMismatch, assert_trajectory_close, diff_trajectories
     from .store.hdf5 import HDF5Writer
     from .check.invariants import (Invariant, InvariantViolation, aggregate, bounded, conserved, finite, invariant,
                                    monotonic)

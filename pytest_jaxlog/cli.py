@@ -18,6 +18,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from .errors import JaxlogError
+from .store import manifest
 
 
 class UsageError(Exception):
@@ -432,18 +433,11 @@ _QUIET_OUTCOMES = ("passed", "skipped", "xfailed")
 def _manifests(roots: Sequence[str]) -> list[tuple[Path, dict]]:
     """(path, document) of every manifest.json under ``roots``; unreadable ones are named on stderr."""
     out = []
-    for root in roots:
-        r = Path(root)
-        files = [r] if r.is_file() else sorted(r.rglob("manifest.json")) if r.is_dir() else []
-        for f in files:
-            try:
-                doc = json.loads(f.read_text())
-                if not isinstance(doc, dict):
-                    raise ValueError("not a JSON object")
-            except (OSError, ValueError) as exc:
-                print(f"[jaxlog] skipping unreadable manifest {f}: {exc}", file=sys.stderr)
-                continue
-            out.append((f, doc))
+    for f in manifest.find(roots):
+        try:
+            out.append((f, manifest.read(f)))
+        except JaxlogError as exc:
+            print(f"[jaxlog] skipping unreadable manifest {f}: {exc}", file=sys.stderr)
     return out
 
 
@@ -463,7 +457,7 @@ def _run_line(r: dict) -> str:
 
 def summarize(manifests: list[tuple[Path, dict]], markdown: bool) -> str:
     if not manifests:
-        return "[jaxlog] no manifest.json found (no jaxlog test ran, or the directory is not the jaxlog dir)\n"
+        return f"[jaxlog] no {manifest.NAME} found (no jaxlog test ran, or the directory is not the jaxlog dir)\n"
     h = "### " if markdown else ""
     code = (lambda s: f"`{s}`") if markdown else (lambda s: str(s))
     item, sub = ("- ", "  - ") if markdown else ("  ", "      ")
@@ -471,12 +465,12 @@ def summarize(manifests: list[tuple[Path, dict]], markdown: bool) -> str:
     traces = 0
     for path, doc in manifests:
         base = path.parent
-        tests = [t for t in doc.get("tests", ()) if isinstance(t, dict) and "nodeid" in t]
+        tests = manifest.tests(doc)
         bad = [t for t in tests if t.get("outcome") not in _QUIET_OUTCOMES]
         kept = [t for t in tests if t.get("kept")]
         lines.append(f"{h}jaxlog: {base}")
         lines.append(f"{len(tests)} jaxlog tests, {len(bad)} not passed, artifacts kept for {len(kept)} "
-                     f"(keep={doc.get('settings', {}).get('keep')}); exit status {doc.get('exitstatus')}")
+                     f"(keep={manifest.settings(doc).get('keep')}); exit status {doc.get('exitstatus')}")
         if markdown:
             lines.append("")
         shown = sorted({t["nodeid"]: t for t in bad + kept}.values(),
@@ -500,7 +494,7 @@ def summarize(manifests: list[tuple[Path, dict]], markdown: bool) -> str:
                    for g in t.get("goldens") or [] if g.get("status") in ("regenerated", "created")]
         for status, p in sorted(goldens):
             lines.append(f"{item}{status} golden: {code(p)}")
-        stale = [s for s in doc.get("stale") or [] if isinstance(s, dict)]
+        stale = manifest.stale(doc)
         if stale:
             lines.append(f"{item}{len(stale)} artifact directories from an earlier session (stale), e.g. "
                          f"{code(_in_manifest(base, stale[0].get('dir', '')))}")

@@ -121,3 +121,108 @@ def _first_after(schedule, k: int, top: int) -> int:
         else:
             lo = mid + 1
     return lo
+
+
+@pytest.mark.parametrize("schedule, first, last", [
+    (jl.every(1), 0, None), (jl.every(7, start=3), 3, None), (jl.at(99, 5, 0, 6), 0, 99), (jl.at(12), 12, 12),
+    (jl.window(4, 40, every=3), 4, 40), (jl.window(10, 10), 10, 10)], ids=repr)
+def test_schedules_say_their_first_and_last_step(schedule, first, last):
+    """Checked against the steps themselves: the first is the first named, the last the last
+    named (None: every later stretch still holds steps)."""
+    assert schedule.first_step() == first == int(schedule.steps_between(0, 10**6)[0])
+    assert schedule.last_step() == last
+    if last is None:
+        assert schedule.count_between(10**9, 10**9 + 7 * 3) > 0
+    else:
+        assert int(schedule.steps_between(0, 10**6)[-1]) == last
+
+
+@pytest.mark.parametrize("schedule", [jl.every(1), jl.every(7, start=3), jl.window(4, 40, every=3), jl.window(10, 10),
+                                      jl.at(0, 5, 6, 99)], ids=repr)
+def test_a_schedules_closed_form_names_exactly_its_steps(schedule):
+    """A progression or a table, whichever it is, lists the same steps as the schedule itself."""
+    prog, table = schedule.progression(), schedule.table()
+    assert (prog is None) != (table is None)
+    want = schedule.steps_between(0, 500)
+    if prog is not None:
+        stop = 500 if prog.stop is None else prog.stop
+        np.testing.assert_array_equal(np.arange(prog.start, stop + 1, prog.n), want)
+    else:
+        np.testing.assert_array_equal(table, want)
+
+
+class _Powers(jl.Schedule):
+    """Steps 1, 2, 4, 8, ...: a schedule the package does not define and that says nothing about itself."""
+
+    def steps_between(self, lo, hi):
+        out = [1 << e for e in range(63) if lo <= 1 << e <= hi]
+        return np.asarray(out, np.int64)
+
+    def mask(self, steps):
+        steps = np.asarray(steps, np.int64)
+        return (steps > 0) & (steps & (steps - 1) == 0)
+
+    def max_in_span(self, length):
+        return min(length, int(np.log2(max(length, 1))) + 2)
+
+    def to_json(self):
+        return {"kind": "powers"}
+
+
+def test_a_custom_schedule_is_never_taken_as_starting_at_0_and_never_ending():
+    """Without first_step/last_step, asking for them fails loudly, naming the class; where a
+    window's end is needed (an aggregate), that is one JaxlogError, not a window judged wrongly."""
+    import jax.numpy as jnp
+
+    sq = _Powers()
+    with pytest.raises(jl.JaxlogError, match=r"_Powers.*first step"):
+        sq.first_step()
+    with pytest.raises(jl.JaxlogError, match=r"_Powers.*last step"):
+        sq.last_step()
+    assert sq.progression() is None and sq.table() is None  # decided on the host
+    from pytest_jaxlog.drive.program import device_next, device_schedule
+
+    assert device_schedule(sq) is None and device_next(sq) is None
+    with pytest.raises(jl.JaxlogError, match=r"^\[jaxlog\] invariant aggregate\(x.*\): record 'x': schedule .*_Powers.* does not say its last"):
+        jl.run(lambda s: s + 1.0, jnp.zeros(()), 30, record={"x": jl.Record(lambda s: s, every=jl.every(1))},
+               invariants=[jl.aggregate("x", "mean", lo=0, steps=sq)], progress=False)
+
+
+def test_a_custom_schedule_that_says_its_steps_is_judged_and_compiled_like_the_package_ones():
+    """One that implements the four answers gets a device form and a window end from them: the
+    aggregate over it equals the mean of the same frames taken plainly."""
+    import jax.numpy as jnp
+
+    class Evens(jl.Schedule):
+        def max_in_span(self, length):
+            return min((length + 1) // 2, 11)
+
+        def to_json(self):
+            return {"kind": "evens"}
+
+        def steps_between(self, lo, hi):
+            return np.arange(lo + lo % 2, min(hi, 20) + 1, 2, dtype=np.int64)
+
+        def mask(self, steps):
+            steps = np.asarray(steps, np.int64)
+            return (steps % 2 == 0) & (steps <= 20)
+
+        def first_step(self):
+            return 0
+
+        def last_step(self):
+            return 20
+
+        def progression(self):
+            from pytest_jaxlog.record.schedule import Progression
+
+            return Progression(start=0, n=2, stop=20)
+
+    r = jl.run(lambda s: s + 1.0, jnp.zeros(()), 30, record={"x": jl.Record(lambda s: s, every=Evens())},
+               progress=False)
+    np.testing.assert_array_equal(r.trajectory.steps("x"), np.arange(0, 21, 2))
+    mean = float(np.mean(np.arange(0, 21, 2)))  # x = step
+    with pytest.raises(jl.InvariantViolation, match="mean") as info:
+        jl.run(lambda s: s + 1.0, jnp.zeros(()), 30, record={"x": lambda s: s},
+               invariants=[jl.aggregate("x", "mean", hi=mean - 0.5, steps=Evens())], progress=False)
+    assert info.value.step == 20 and float(info.value.value) == mean

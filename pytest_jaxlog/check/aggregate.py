@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import JaxlogError
 from ..record.frames import LeafSpec, Schema
-from ..record.schedule import At, Every, Schedule, Window
+from ..record.schedule import Schedule
 from . import args
 from .bounds import Bounds, call_text
 from .checker import Batch, Checker, Finding, Hit, Invariant
@@ -123,24 +123,6 @@ def as_reduction(reduce: Any) -> Reduction:
 # --------------------------------------------------------------------------- the window's last step
 
 
-def _first(s: Schedule) -> int:
-    """The first step a schedule can name (0 when it does not say)."""
-    if isinstance(s, (Window, Every)):
-        return s.start
-    if isinstance(s, At):
-        return int(s.steps[0])
-    return 0
-
-
-def _last(s: Schedule) -> int | None:
-    """The last step a schedule can name; None when it goes on for ever (``jl.every``)."""
-    if isinstance(s, Window):
-        return s.stop
-    if isinstance(s, At):
-        return int(s.steps[-1])
-    return None
-
-
 _EMPTY = -1
 
 
@@ -148,10 +130,10 @@ _EMPTY = -1
 def window_end(record: Schedule, window: Schedule | None) -> int | None:
     """The last step both the record's schedule and the window name: the window is complete once
     it has been seen. None: no such step before the end of the run; ``_EMPTY``: none at all."""
-    ends = [e for e in (_last(record), None if window is None else _last(window)) if e is not None]
+    ends = [e for e in (record.last_step(), None if window is None else window.last_step()) if e is not None]
     if not ends:
         return None
-    lo = max(_first(record), 0 if window is None else _first(window))
+    lo = max(record.first_step(), 0 if window is None else window.first_step())
     hi = min(ends)
     block = 1 << 16
     while hi >= lo:  # backwards in blocks: the last common step is usually in the first one
@@ -206,7 +188,12 @@ class aggregate(Invariant):
     def leaves(self, schema: Schema) -> list[LeafSpec]:
         leaves = super().leaves(schema)
         for leaf in leaves:
-            if window_end(leaf.schedule, self.steps) == _EMPTY:
+            try:
+                end = window_end(leaf.schedule, self.steps)
+            except JaxlogError as exc:  # a schedule that does not say where it starts or ends
+                cause = str(exc).removeprefix("[jaxlog] ")
+                raise JaxlogError(f"invariant {self.name}: record {leaf.path!r}: {cause}") from None
+            if end == _EMPTY:
                 raise JaxlogError(f"invariant {self.name}: record {leaf.path!r} ({leaf.schedule!r}) is never "
                                   f"recorded in {self.window_text}: nothing to aggregate")
         return leaves

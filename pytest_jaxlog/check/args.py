@@ -1,6 +1,6 @@
 """Validation of the arguments users pass to checks (invariants, tolerances, golden options), in
 one place so every check words a bad argument the same way: a ``JaxlogError`` naming the
-argument and what it got. Integer step numbers are validated by ``record.schedule.check_step``.
+argument and what it got. Numbers and integer steps are checked by ``record.numbers``.
 """
 
 from __future__ import annotations
@@ -11,13 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import JaxlogError
-
-
-def real(x: Any, what: str) -> float:
-    """A real number (not a bool, not a string) as a float."""
-    if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
-        raise JaxlogError(f"{what} must be a real number, got {x!r}")
-    return float(x)
+from ..record.numbers import real  # noqa: F401  (args.real: the checks' own name for it)
 
 
 def tolerance(x: Any, what: str) -> float:
@@ -25,14 +19,6 @@ def tolerance(x: Any, what: str) -> float:
     value = real(x, what)
     if not (math.isfinite(value) and value >= 0):
         raise JaxlogError(f"{what} must be finite and >= 0, got {x!r}")
-    return value
-
-
-def positive(x: Any, what: str) -> float:
-    """A finite real number > 0 (ratios, factors)."""
-    value = real(x, what)
-    if not (math.isfinite(value) and value > 0):
-        raise JaxlogError(f"{what} must be finite and > 0, got {x!r}")
     return value
 
 

@@ -110,10 +110,11 @@ class Resumable:
     checkpoint: Checkpoint
 
 
-def prepare(path: str | os.PathLike, from_step: int | None) -> Resumable:
+def prepare(path: str | os.PathLike, from_step: int | None, *, filtered: frozenset[str] = frozenset()) -> Resumable:
     """Open the trajectory at ``path`` for a resume: the checkpoint to continue from (the newest
-    whose frames all read, or ``from_step``), read alone, newest first. The old file gets a
-    second name, so it can be read while the resumed run's new file replaces it."""
+    whose frames all read, or ``from_step``), read alone, newest first, and checked against the
+    file (:func:`check_consistent`; ``filtered``: records taken with ``when=``). The old file
+    gets a second name, so it can be read while the resumed run's new file replaces it."""
     from ..store.trajectory import load
 
     path = Path(path)
@@ -139,11 +140,63 @@ def prepare(path: str | os.PathLike, from_step: int | None) -> Resumable:
         if damage is None:
             raise JaxlogError(f"{path} holds no checkpoint to resume from (run with checkpoint=jl.every(n))")
         raise JaxlogError(f"{path}: no checkpoint has all its frames intact, nothing to resume from ({damage})")
+    check_consistent(traj, found, filtered=filtered)
     source = path.with_name(f".{path.name}.resume-{os.getpid()}")
     if source.exists():
         source.unlink()
     os.link(path, source)
     return Resumable(point=ResumePoint(source=source, step=found.step, meta=found.meta), checkpoint=found)
+
+
+def check_consistent(traj: Any, found: Checkpoint, *, filtered: frozenset[str] = frozenset()) -> None:
+    """Refuse a checkpoint that does not agree with itself or with the file's frames, naming the
+    cause: a resume from it would go on from another step, with other dtypes, or leave a gap.
+
+    - its own record names the step of its group (groups renamed or swapped are caught here);
+    - its stored state has the paths, shapes and dtypes its record lists (what the run saved);
+    - every record not filtered by ``when=`` has, from its first frame up to the checkpoint,
+      every frame its schedule names (the writer puts them all in the file before the
+      checkpoint: fewer means the file was cut back)."""
+    where = f"{traj.path}: the checkpoint at step {found.step}"
+    meta = found.meta
+    if meta.step != found.step:
+        raise JaxlogError(f"{where} holds the checkpoint of step {meta.step} (its own record says so): the file's "
+                          f"checkpoint groups were renamed or swapped; refusing to resume from it")
+    stored = {p: [list(np.shape(v)), str(np.dtype(v.dtype))] for p, v in found.state.items()}
+    if stored != meta.state_leaves:
+        diff = sorted(set(stored) ^ set(meta.state_leaves)) + sorted(
+            p for p in set(stored) & set(meta.state_leaves) if stored[p] != meta.state_leaves[p])
+        shown = "; ".join(f"{p} is {_leaf_text(stored.get(p))}, its record says {_leaf_text(meta.state_leaves.get(p))}"
+                          for p in diff[:4])
+        raise JaxlogError(f"{where}: its stored state does not match its own record ({shown}); refusing to resume")
+    _check_no_gap(traj, found.step, filtered, where)
+
+
+def _leaf_text(leaf: list | None) -> str:
+    return "absent" if leaf is None else f"{leaf[1]}{leaf[0]}"
+
+
+def _check_no_gap(traj: Any, step: int, filtered: frozenset[str], where: str) -> None:
+    """Every scheduled frame of each unfiltered record, from its first up to ``step``, is in the file."""
+    steps = {leaf.path: np.asarray(traj.steps(leaf.path), np.int64) for leaf in traj.schema.leaves}
+    firsts = [int(s[0]) for s in steps.values() if len(s)]
+    if not firsts:
+        return
+    start = min(firsts)  # the run's first recorded step
+    for leaf in traj.schema.leaves:
+        if leaf.record in filtered:
+            continue
+        s = steps[leaf.path]
+        s = s[s <= step]
+        first = int(s[0]) if len(s) else start + 1  # none yet: aux and logs begin one step after the state
+        want = leaf.schedule.count_between(first, step)
+        if len(s) != want:
+            last = int(s[-1]) if len(s) else None
+            after = f"after step {last}" if last is not None else "all of them"
+            raise JaxlogError(
+                f"{where}: record {leaf.path!r} ({leaf.schedule!r}) has {len(s)} frames up to it where its schedule "
+                f"names {want} ({after} missing): the file's frames were cut back below the checkpoint; a resume "
+                f"from it would leave a gap, refusing")
 
 
 def check_against(point: ResumePoint, *, step_fn: Any, schema: Any, state: Any, key: Any, dt: Any,

@@ -15,6 +15,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 import numpy as np
 
 from ..errors import JaxlogError
+from ..record.numbers import check_count
 
 
 @runtime_checkable
@@ -209,9 +210,7 @@ class RingBuffer:
     """
 
     def __init__(self, k: int):
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-            raise JaxlogError(f"RingBuffer(k) needs an integer k >= 1, got {k!r}")
-        self.k = int(k)
+        self.k = check_count(k, "RingBuffer(k)", minimum=1, expected="needs an integer k >= 1")
         self._buf: collections.deque = collections.deque(maxlen=self.k)
 
     def __enter__(self):

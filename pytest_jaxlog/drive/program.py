@@ -60,7 +60,7 @@ from jax import lax
 
 from ..errors import JaxlogError
 from ..record.records import AUX, LOG
-from ..record.schedule import At, Every, Schedule, Window
+from ..record.schedule import Schedule
 from ..logs import collect, collected_shapes
 from .resolve import check_system_axes, view_values, flatten_view
 
@@ -228,7 +228,7 @@ def _put_rows(plan: Plan, dense: dict, vals: dict, row: Any) -> dict:
 
 @dataclass(frozen=True)
 class _Progression:
-    """An ``Every`` or ``Window`` as ``start, start + n, ...`` up to ``stop``, clipped to int32."""
+    """A schedule's progression ``start, start + n, ...`` up to ``stop``, clipped to int32."""
 
     n: int
     start: int
@@ -236,24 +236,25 @@ class _Progression:
 
 
 def _progression(schedule: Schedule) -> _Progression | None:
-    kind = type(schedule)  # exact types: a subclass may change what they mean
-    if kind is not Every and kind is not Window:
+    prog = schedule.progression()
+    if prog is None:
         return None
-    every = schedule if kind is Every else schedule._every
-    stop = INT32_MAX if kind is Every else min(schedule.stop, INT32_MAX)
-    return _Progression(n=every.n, start=every.start, stop=stop)
+    stop = INT32_MAX if prog.stop is None else min(prog.stop, INT32_MAX)
+    return _Progression(n=prog.n, start=prog.start, stop=stop)
 
 
 def _step_table(schedule: Schedule) -> np.ndarray | None:
-    """An ``At``'s steps that int32 holds, sorted."""
-    if type(schedule) is not At:
+    """A schedule's table of steps that int32 holds, sorted."""
+    steps = schedule.table()
+    if steps is None:
         return None
-    return np.asarray(schedule.steps[schedule.steps <= INT32_MAX], np.int32)
+    steps = np.unique(np.asarray(steps, np.int64))
+    return np.asarray(steps[steps <= INT32_MAX], np.int32)
 
 
 def device_schedule(schedule: Schedule) -> Callable[[Any], Any] | None:
-    """``k -> whether step k is scheduled`` as device code for the schedules the package defines
-    (exact types: a subclass may change what they mean), else None."""
+    """``k -> whether step k is scheduled`` as device code for a schedule that is a progression or
+    a table of steps, else None."""
     prog, steps = _progression(schedule), _step_table(schedule)
     if prog is not None:
         if prog.start > INT32_MAX:

@@ -23,6 +23,7 @@ from ..profiling.timeline import now_ns
 from ..profiling.timings import CompileTracker
 from ..record.frames import Frames, Schema
 from ..record.records import AUX, LOG, normalize_records
+from ..record.numbers import check_dt
 from ..record.schedule import Every, check_count
 from .compiles import run_timings
 from .pipeline import Pipeline
@@ -74,7 +75,7 @@ class Recorder:
                            for s in normalize_records(record, reserved=(AUX, LOG)))
         self.log_capacity = None if log_capacity is None else check_count(log_capacity, "log_capacity", minimum=1,
                                                                           none="or None")
-        self.dt = dt
+        self.dt = check_dt(dt)
         self.batched = bool(batched)
         self.timeline = timeline
         self.schema: Schema | None = None

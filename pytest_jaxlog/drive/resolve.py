@@ -18,6 +18,7 @@ import numpy as np
 
 from ..errors import JaxlogError
 from ..record.frames import LeafSpec, Schema
+from ..record.numbers import check_dt
 from ..record.records import AUX, LOG, check_name, leaf_paths
 from ..record.schedule import Every, Schedule, as_schedule
 from ..logs import Shapes, collect, has_logs, shapes_and_logs
@@ -254,6 +255,8 @@ def resolve(lanes: Sequence[Any], state: Any, *, aux: Callable[[Any], Any] | Non
     ``jl.log`` is found by the trace that gives its shapes (each view is traced once unless it
     logs) and wrapped in :class:`LoggingView` with ``log_capacity``: its logs are recorded too."""
     n_sys = n_systems_of(state, batched)
+    if abstract:  # a run may store its state (checkpoints, post-mortem): under paths a file can hold
+        leaf_paths("state", [kp for kp, _ in jax.tree_util.tree_flatten_with_path(state)[0]])
     args = (state,) if abstract else ()
     out_lanes: list = []
     per_lane: list[tuple[LeafSpec, ...]] = []
@@ -288,7 +291,7 @@ def resolve(lanes: Sequence[Any], state: Any, *, aux: Callable[[Any], Any] | Non
         raise JaxlogError(f"{dupes[0]!r} is logged by more than one of: the step, the record views "
                           f"(give the logs different names)")
     schema = Schema(tuple(leaf for mine in per_lane for leaf in mine), batched=n_sys is not None,
-                    dt=None if dt is None else float(dt))
+                    dt=check_dt(dt))
     return Resolution(lanes=tuple(out_lanes), schema=schema, per_lane=tuple(per_lane))
 
 

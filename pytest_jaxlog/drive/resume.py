@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import JaxlogError
+from ..record.records import normalize_records
 from ..record.schedule import check_count
 from .checkpoint import prepare, rebuild_state
 from .run import Run, run
@@ -33,7 +34,8 @@ def resume(path: str | os.PathLike, step: Callable, steps: int, *, like: Any = N
     for taken in ("state", "start_step", "_resume"):
         if taken in kwargs:
             raise JaxlogError(f"resume(): {taken}= comes from the file's checkpoint, not from the caller")
-    found = prepare(path, from_step)
+    filtered = frozenset(r.name for r in normalize_records(kwargs.get("record")) if r.when is not None)
+    found = prepare(path, from_step, filtered=filtered)
     point = found.point
     try:
         if steps < point.step:

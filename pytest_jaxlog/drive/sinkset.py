@@ -2,44 +2,15 @@
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 from ..errors import JaxlogError
 from ..record.frames import Frames, Schema
 from ..store.hdf5 import HDF5Writer
 from ..store.parts import PartsWriter, processes_of
+from ..store.sink import Sink, as_sink
 from ..store.sinks import MemorySink
 from ..store.trajectory import Trajectory, load
-
-
-def _takes(fn: Any, name: str) -> bool:
-    """Whether ``fn`` accepts keyword ``name`` (optional sink features: sinks written against an
-    older protocol get the plain call). Answered once per function (a signature costs ~0.1 ms)."""
-    target = getattr(fn, "__func__", fn)
-    try:
-        return _TAKES[(target, name)]
-    except (KeyError, TypeError):
-        pass
-    answer = _signature_takes(fn, name)
-    if len(_TAKES) >= 256:  # a bound: sinks built with per-instance methods
-        _TAKES.clear()
-    try:
-        _TAKES[(target, name)] = answer
-    except TypeError:  # an unhashable callable: asked again next time
-        pass
-    return answer
-
-
-_TAKES: dict = {}
-
-
-def _signature_takes(fn: Any, name: str) -> bool:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 class SinkSet:
@@ -50,16 +21,13 @@ class SinkSet:
             sinks = ()
         if not isinstance(sinks, (list, tuple)):
             sinks = (sinks,)
-        for s in sinks:
-            for meth in ("open", "write", "attach", "close"):
-                if not callable(getattr(s, meth, None)):
-                    raise JaxlogError(f"sinks=: {s!r} does not implement the Sink protocol (missing {meth}())")
+        sinks = tuple(as_sink(s) for s in sinks)
         self.own_memory = None
         if not sinks:
             self.own_memory = MemorySink()
             sinks = (self.own_memory,)
-        self.sinks = tuple(sinks)
-        self.opened: list[Any] = []
+        self.sinks: tuple[Sink, ...] = sinks
+        self.opened: list[Sink] = []
         self._through: dict[int, int] = {}  # per sink: the last step of the frames it accepted
         self.closed = False
         self._timeline = None
@@ -69,9 +37,7 @@ class SinkSet:
             return
         self._timeline = timeline
         for s in self.sinks:
-            fn = getattr(s, "set_timeline", None)
-            if callable(fn):
-                fn(timeline)
+            s.set_timeline(timeline)
 
     def open(self, schema: Schema, meta: dict) -> None:
         if processes_of(meta) is not None:  # a run over several processes: each writes its part of a file
@@ -99,13 +65,9 @@ class SinkSet:
                 self._through[id(s)] = last  # what this sink holds, if a later one fails
 
     def attach(self, name: str, step: int, tree: dict, *, key_impls: dict | None = None) -> None:
-        """``key_impls``: PRNG impl per path of ``tree`` holding key data, for the sinks that take
-        it (``attach(..., key_impls=)``: HDF5Writer, MemorySink); other sinks get the plain call."""
+        """``key_impls``: PRNG impl per path of ``tree`` holding key data (``Sink.attach``)."""
         for s in self.opened:
-            if key_impls and _takes(s.attach, "key_impls"):
-                s.attach(name, step, tree, key_impls=key_impls)
-            else:
-                s.attach(name, step, tree)
+            s.attach(name, step, tree, key_impls=key_impls)
 
     def close(self, status: str, *, steps_done: int, violation: dict | None = None, summary: dict | None = None,
               raise_errors: bool = True) -> BaseException | None:
@@ -120,10 +82,7 @@ class SinkSet:
             # its steps_done says so (every scheduled frame up to it is in that sink)
             done = max(int(steps_done), self._through.get(id(s), -1))
             try:
-                if summary is not None and _takes(s.close, "summary"):
-                    s.close(status, steps_done=done, violation=violation, summary=summary)
-                else:
-                    s.close(status, steps_done=done, violation=violation)
+                s.close(status, steps_done=done, violation=violation, summary=summary)
             except BaseException as e:
                 if first is None:
                     first = e
@@ -135,13 +94,13 @@ class SinkSet:
     def artifacts(self) -> dict:
         out: dict = {}
         for s in self.sinks:
-            out.update(dict(getattr(s, "artifacts", None) or {}))
+            out.update(s.artifacts)
         return out
 
     def trajectory(self) -> Any:
         """A file sink's trajectory (``jl.load``), else an in-memory one from a MemorySink."""
         for s in self.sinks:
-            path = (getattr(s, "artifacts", {}) or {}).get("trajectory")
+            path = s.artifacts.get("trajectory")
             if path is not None:
                 return load(path)
         for s in self.sinks:

@@ -7,7 +7,6 @@ so the fixture objects stay replaceable. Imports pytest and the standard library
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -31,8 +30,6 @@ from .options import (
     what,
 )
 
-MANIFEST_VERSION = 2
-MANIFEST_NAME = "manifest.json"
 JAXLOG_FIXTURES = ("jaxlog", "jaxlog_factory")
 
 
@@ -286,16 +283,14 @@ class JaxlogSession:
         keep=all. Only directories a manifest names are touched, never other files in the folder."""
         if self.worker is not None or self.config.option.collectonly:
             return
-        path = self.base / MANIFEST_NAME
+        from ..store import manifest  # lazy: the plugin imports no package layer at load
+
+        path = self.base / manifest.NAME
         if not path.is_file():
             return
         try:
-            doc = json.loads(path.read_text())
-            finished = doc.get("finished")
-            old = [{"nodeid": t.get("nodeid"), "dir": t.get("dir"), "outcome": t.get("outcome"), "finished": finished}
-                   for t in doc.get("tests", ()) if t.get("dir")]
-            old += [s for s in doc.get("stale", ()) if isinstance(s, dict) and s.get("dir")]
-        except (OSError, ValueError, AttributeError, TypeError) as e:
+            old = manifest.artifact_dirs(manifest.read(path))
+        except JaxlogError as e:
             self.start_notes.append(f"the previous {self.display(path)} is unreadable ({e}): the directories it "
                                     "names were left as they are")
             return
@@ -453,17 +448,16 @@ class JaxlogSession:
         """``manifest.json`` in the artifact directory; every path in it is relative to that directory."""
         if self.worker is not None or not (self.entries or self.previous_manifest):
             return None
+        from ..store import manifest  # lazy: the plugin imports no package layer at load
+
         self.base.mkdir(parents=True, exist_ok=True)
-        path = self.base / MANIFEST_NAME
-        doc = {
-            "version": MANIFEST_VERSION,
-            "paths": "relative to the directory of this file",
-            "started": self.started,
-            "finished": time.time(),
-            "exitstatus": int(exitstatus),
-            "rootdir": self.manifest_path(self.rootdir),
-            "golden_dir": self.manifest_path(self.golden_dir),
-            "settings": {
+        doc = manifest.document(
+            started=self.started,
+            finished=time.time(),
+            exitstatus=exitstatus,
+            rootdir=self.manifest_path(self.rootdir),
+            golden_dir=self.manifest_path(self.golden_dir),
+            settings={
                 "keep": self.settings.keep,
                 "profile": self.settings.profile,
                 "on_violation": self.settings.on_violation,
@@ -472,15 +466,14 @@ class JaxlogSession:
                 "regen": self.regen,
                 "create_goldens": self.create_goldens,
             },
-            "tests": sorted(self.entries.values(), key=lambda e: e["nodeid"]),
-            "stale": self._stale_left(),
-        }
-        tmp = path.with_name(f".manifest-{os.getpid()}.json")
-        tmp.write_text(json.dumps(doc, indent=1, default=str))
-        os.replace(tmp, path)
-        return path
+            tests=sorted(self.entries.values(), key=lambda e: e["nodeid"]),
+            stale=self._stale_left(),
+        )
+        return manifest.write(self.base, doc)
 
     def summary(self, tr: Any) -> None:
+        from ..store import manifest  # lazy: the plugin imports no package layer at load
+
         if self.worker is not None or not (self.entries or self.removed_stale or self.stale or self.start_notes):
             return
         tr.write_sep("-", "jaxlog")
@@ -489,12 +482,12 @@ class JaxlogSession:
             kept = [e for e in self.entries.values() if e["kept"]]
             tr.write_line(
                 f"artifacts kept for {len(kept)} of {len(self.entries)} jaxlog tests in {self.display(self.base)} "
-                f"(--jaxlog-keep={self.settings.keep}); manifest: {self.display(self.base / MANIFEST_NAME)}"
+                f"(--jaxlog-keep={self.settings.keep}); manifest: {self.display(self.base / manifest.NAME)}"
             )
             for e in sorted(kept, key=lambda e: (e["outcome"] == "passed", e["nodeid"]))[:limit]:
                 tr.write_line(f"  {e['outcome'].upper():8} {e['nodeid']} -> {self.display(self.base / e['dir'])}")
             if len(kept) > limit:
-                tr.write_line(f"  ... and {len(kept) - limit} more (see {MANIFEST_NAME})")
+                tr.write_line(f"  ... and {len(kept) - limit} more (see {manifest.NAME})")
         if self.compile_cache is not None and self.entries:
             runs = [r for e in self.entries.values() for r in e.get("runs", ())]
             compiled = sum(int(r.get("compiles", 0)) for r in runs)
@@ -511,7 +504,7 @@ class JaxlogSession:
         stale = self._stale_left()
         if stale:
             tr.write_line(f"{len(stale)} artifact directories from an earlier session kept (--jaxlog-keep=all), "
-                          f"listed as stale in {MANIFEST_NAME}")
+                          f"listed as stale in {manifest.NAME}")
         notes = [(e["nodeid"], n) for e in sorted(self.entries.values(), key=lambda e: e["nodeid"])
                  for n in e.get("notes", ())]
         if notes:
@@ -519,7 +512,7 @@ class JaxlogSession:
             for nodeid, note in notes[:limit]:
                 tr.write_line(f"  {nodeid}: {note}")
             if len(notes) > limit:
-                tr.write_line(f"  ... and {len(notes) - limit} more (see {MANIFEST_NAME})")
+                tr.write_line(f"  ... and {len(notes) - limit} more (see {manifest.NAME})")
         for status, how in (("regenerated", "--jaxlog-regen"), ("created", "--jaxlog-create-goldens")):
             files = sorted(g["path"] for e in self.entries.values() for g in e["goldens"] if g.get("status") == status)
             if files:

@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from ..errors import JaxlogAssertionError, JaxlogError, JaxlogRuntimeWarning
+from ..record.numbers import check_count, positive
 
 __all__ = ["CompileEvent", "CompileTracker", "Timings", "TimingAssertionError", "describe_avals"]
 
@@ -34,19 +35,6 @@ class TimingAssertionError(JaxlogAssertionError):
     ``assert_overhead``): a ``jl.JaxlogError`` and an ``AssertionError``."""
 
 
-def _count(n: Any, what: str) -> int:
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
-        raise JaxlogError(f"{what} must be an integer >= 0, got {n!r}")
-    return int(n)
-
-
-def _positive(x: Any, what: str) -> float:
-    """A finite number > 0 (a ratio or factor); a bool or string is a mistake, not 1.0."""
-    if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)) or not (0 < x < math.inf):
-        raise JaxlogError(f"{what} must be a finite number > 0, got {x!r}")
-    return float(x)
-
-
 def _reference(other: Any, what: str, attr: str) -> float:
     """The reference of a relative assertion: ``attr`` of another ``Timings`` (or of the run or
     recorder holding them, ``.timings``), or a number."""
@@ -54,7 +42,7 @@ def _reference(other: Any, what: str, attr: str) -> float:
         other = other.timings
     if isinstance(other, Timings):
         return getattr(other, attr)
-    return _positive(other, what)
+    return positive(other, what)
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
@@ -496,7 +484,7 @@ class Timings:
         recompiles.
         """
         __tracebackhide__ = True
-        n = _count(n, "assert_compiles(n)")
+        n = check_count(n, "assert_compiles(n)", expected="must be an integer >= 0")
         ok = self.compiles <= n if at_most else self.compiles == n
         if not ok:
             want = f"at most {_plural(n, 'compilation')}" if at_most else _plural(n, "compilation")
@@ -510,7 +498,7 @@ class Timings:
         ``ratio=2.0``: at least twice as fast. Fails with ``jl.TimingAssertionError``.
         """
         __tracebackhide__ = True
-        ratio = _positive(ratio, "assert_faster_than(ratio=...)")
+        ratio = positive(ratio, "assert_faster_than(ratio=...)")
         base = _reference(other, "assert_faster_than(other): a reference in steps/s", "steps_per_s")
         if not self.steps_per_s >= ratio * base:
             raise TimingAssertionError(
@@ -525,7 +513,7 @@ class Timings:
         Fails with ``jl.TimingAssertionError``.
         """
         __tracebackhide__ = True
-        at_most = _positive(at_most, "assert_overhead(at_most=...)")
+        at_most = positive(at_most, "assert_overhead(at_most=...)")
         base = _reference(limit, "assert_overhead(limit): a reference in seconds per step", "s_per_step")
         if not self.s_per_step <= at_most * base:
             raise TimingAssertionError(

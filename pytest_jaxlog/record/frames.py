@@ -15,9 +15,13 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import JaxlogError
+from ..record.numbers import check_dt
+from ..record.records import is_record_path
 from ..record.schedule import Schedule, schedule_from_json
 
 FORMAT_VERSION = 1
+MAX_RANK = 32  # numpy's limit on dimensions: a frame has fewer than this
+MAX_SIZE = 2**40  # per dimension, what a file may say (a reader allocating from it stays sane)
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,15 @@ class LeafSpec:
     dtype: np.dtype  # host dtype (ml_dtypes.bfloat16 for bfloat16; uint32 key data for keys)
     schedule: Schedule
     key_impl: str | None = None  # name of the PRNG impl when the leaf is a typed key array
+
+    def __post_init__(self):
+        """What a trajectory file cannot hold is refused here, when the run lays out its records,
+        by the rules the reader applies to a file (``store.trajectory``)."""
+        if not is_record_path(self.path):
+            raise JaxlogError(f"record path {self.path!r} is not a/b/c names (each not empty, '.' or '..')")
+        if len(self.shape) >= MAX_RANK or not all(0 <= int(n) < MAX_SIZE for n in self.shape):
+            raise JaxlogError(f"record {self.path!r}: frames of shape {tuple(self.shape)} cannot be stored (at most "
+                              f"{MAX_RANK - 1} dimensions, each < 2**40)")
 
     def to_json(self) -> dict:
         return {
@@ -58,6 +71,7 @@ class Schema:
     dt: float | None = None
 
     def __post_init__(self):
+        check_dt(self.dt)
         seen = set()
         for leaf in self.leaves:
             if leaf.path in seen:

@@ -48,8 +48,20 @@ class RecordSpec:
     when: Callable[[Any], Any] | None = None
 
 
+def path_part_ok(part: Any) -> bool:
+    """The one rule for a component of a record path (a record name, a pytree key under it): what
+    a trajectory file can name and its reader accepts. Not empty, no '/', not '.' or '..' (which
+    HDF5 and file paths take as "here" and "up"), no NUL."""
+    return isinstance(part, str) and part not in ("", ".", "..") and "/" not in part and "\x00" not in part
+
+
+def is_record_path(path: Any) -> bool:
+    """A record path ``a/b/c`` whose every component :func:`path_part_ok` accepts."""
+    return isinstance(path, str) and all(path_part_ok(p) for p in path.split("/"))
+
+
 def check_name(name: Any, what: str = "record name") -> str:
-    if not isinstance(name, str) or not _NAME.match(name) or name in (".", ".."):
+    if not isinstance(name, str) or not _NAME.match(name) or not path_part_ok(name):
         raise JaxlogError(
             f"{what} {name!r} is invalid: use a non-empty string without '/' "
             "(nest records by returning a dict from the view instead)"
@@ -92,7 +104,7 @@ def leaf_paths(prefix: str, key_paths: list[tuple]) -> list[str]:
     for kp in key_paths:
         parts = [key_to_str(e) for e in kp]
         for part in parts:
-            if part == "" or "/" in part:
+            if not path_part_ok(part):
                 raise JaxlogError(f"record {prefix!r}: pytree key {part!r} cannot be a record path component")
         paths.append("/".join([prefix, *parts]))
     dupes = {p for p in paths if paths.count(p) > 1}

@@ -7,35 +7,54 @@ run resume: the driver asks "which steps in [lo, hi] are scheduled?" for each ch
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..errors import JaxlogError
+from .numbers import LARGEST_STORED_STEP, check_count, check_step, is_stored_step  # noqa: F401  (drivers import these from here)
 
 
-def check_count(value: Any, what: str, *, minimum: int = 0, none: str = "") -> int:
-    """``value`` as an int >= ``minimum`` (bools and floats refused), or one JaxlogError naming
-    ``what``; ``none`` adds the alternative to the message (``"or None"``)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        alt = f" {none}" if none else ""
-        raise JaxlogError(f"{what} must be an int >= {minimum}{alt}, got {value!r}")
-    return int(value)
+@dataclass(frozen=True)
+class Progression:
+    """The steps ``start, start + n, ...`` up to ``stop`` inclusive (None: for ever): the form in
+    which device code can decide a step with two comparisons and a remainder."""
 
-
-def check_step(value: Any, what: str) -> int:
-    """A step number: an int >= 0."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise JaxlogError(f"{what} must be an integer step, got {value!r}")
-    if value < 0:
-        raise JaxlogError(f"{what} must be >= 0, got {value}")
-    return int(value)
+    start: int
+    n: int
+    stop: int | None
 
 
 class Schedule:
     """Base class of schedules. Subclasses implement ``steps_between``, ``mask``, ``max_in_span``
     and ``to_json``, and should override ``contains`` and ``count_between``: the drivers ask them
-    per log call and per file, and the generic versions build arrays."""
+    per log call and per file, and the generic versions build arrays.
+
+    ``first_step``/``last_step`` are what a window needs to know when it is complete; the base
+    cannot know them, so it raises (a schedule is never taken as "starts at 0, never ends").
+    ``progression``/``table`` are the closed forms the run's device code is built from; a
+    schedule with neither (the default) is decided on the host, per chunk, from ``mask``. A
+    subclass of ``Every``, ``At`` or ``Window`` that changes which steps are scheduled overrides
+    these four too."""
+
+    def first_step(self) -> int:
+        """The first step this schedule names."""
+        raise JaxlogError(f"schedule {self!r} ({type(self).__qualname__}) does not say its first step: "
+                          f"implement first_step() and last_step() to use it here")
+
+    def last_step(self) -> int | None:
+        """The last step this schedule names; None when it goes on for ever."""
+        raise JaxlogError(f"schedule {self!r} ({type(self).__qualname__}) does not say its last step: "
+                          f"implement first_step() and last_step() to use it here")
+
+    def progression(self) -> Progression | None:
+        """This schedule as an arithmetic progression, when it is one."""
+        return None
+
+    def table(self) -> np.ndarray | None:
+        """This schedule's steps, ascending int64, when it is a finite list of them."""
+        return None
 
     def steps_between(self, lo: int, hi: int) -> np.ndarray:
         """Scheduled steps k with lo <= k <= hi, ascending, as int64."""
@@ -77,9 +96,7 @@ class Schedule:
 
 class Every(Schedule):
     def __init__(self, n: int, start: int = 0):
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
-            raise JaxlogError(f"every(n) needs an integer n >= 1, got n={n!r}")
-        self.n = int(n)
+        self.n = check_count(n, "every(n)", minimum=1, expected="needs an integer n >= 1", below=LARGEST_STORED_STEP)
         self.start = check_step(start, "every(start=...)")
 
     def steps_between(self, lo: int, hi: int) -> np.ndarray:
@@ -107,6 +124,15 @@ class Every(Schedule):
     @property
     def is_every_step(self) -> bool:
         return self.n == 1 and self.start == 0
+
+    def first_step(self) -> int:
+        return self.start
+
+    def last_step(self) -> None:
+        return None
+
+    def progression(self) -> Progression:
+        return Progression(start=self.start, n=self.n, stop=None)
 
     def to_json(self) -> dict:
         return {"kind": "every", "n": self.n, "start": self.start}
@@ -146,6 +172,15 @@ class At(Schedule):
         ends = np.searchsorted(self.steps, self.steps + length, side="left")
         return int((ends - np.arange(len(self.steps))).max())
 
+    def first_step(self) -> int:
+        return int(self.steps[0])
+
+    def last_step(self) -> int:
+        return int(self.steps[-1])
+
+    def table(self) -> np.ndarray:
+        return self.steps
+
     def to_json(self) -> dict:
         return {"kind": "at", "steps": [int(s) for s in self.steps]}
 
@@ -181,6 +216,15 @@ class Window(Schedule):
     def count_between(self, lo: int, hi: int) -> int:
         return self._every.count_between(lo, min(hi, self.stop))
 
+    def first_step(self) -> int:
+        return self.start
+
+    def last_step(self) -> int:
+        return self.stop
+
+    def progression(self) -> Progression:
+        return Progression(start=self.start, n=self.every, stop=self.stop)
+
     def to_json(self) -> dict:
         return {"kind": "window", "start": self.start, "stop": self.stop, "every": self.every}
 
@@ -215,8 +259,6 @@ def as_schedule(value: Any, what: str) -> Schedule:
     raise JaxlogError(f"{what}: a schedule must be an int or jl.every/at/window, got {value!r}")
 
 
-LARGEST_STORED_STEP = 2**62  # steps a file may name: sums and differences of them stay within int64
-
 
 def schedule_from_json(data: Any) -> Schedule:
     """A schedule as a file stores it. The file may be hostile: anything else than what
@@ -230,7 +272,7 @@ def schedule_from_json(data: Any) -> Schedule:
     if fields is None:
         raise JaxlogError(f"unknown schedule kind {kind!r}")
     for key in fields:
-        if key in data and not (is_int(data[key]) and 0 <= data[key] < LARGEST_STORED_STEP):
+        if key in data and not is_stored_step(data[key]):
             raise JaxlogError(f"schedule {kind} field {key!r} must be an integer >= 0, got {data[key]!r}")
     try:
         if kind == "every":
@@ -240,11 +282,6 @@ def schedule_from_json(data: Any) -> Schedule:
     except KeyError as exc:
         raise JaxlogError(f"schedule {kind} has no field {exc}") from None
     steps = data.get("steps")
-    if not isinstance(steps, list) or not steps or not all(is_int(k) and 0 <= k < LARGEST_STORED_STEP for k in steps):
+    if not isinstance(steps, list) or not steps or not all(is_stored_step(k) for k in steps):
         raise JaxlogError("schedule at needs a list of integer steps >= 0")
     return At(*steps)
-
-
-def is_int(x: Any) -> bool:
-    """A JSON integer (a bool is not one)."""
-    return isinstance(x, int) and not isinstance(x, bool)

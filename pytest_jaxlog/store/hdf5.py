@@ -36,14 +36,12 @@ from __future__ import annotations
 
 import atexit
 import getpass
-import json
 import os
 import re
 import secrets
 import threading
 import time
 import weakref
-import zlib
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -52,13 +50,14 @@ import numpy as np
 
 from ..errors import JaxlogError, WriterError
 from ..record.frames import FORMAT_VERSION, Frames, Schema
+from ..record.numbers import is_integer
 from .bytequeue import ByteQueue, Item, Stalled
+from .format import CRC_ATTR, CRC_COVERS, LIBVER, attr_text, json_crc32, json_text
 from .dtypes import DTYPE_ATTR, KEY_IMPL_ATTR, check_frames, check_leaf_dtype, encode, storage_dtype, to_host
 from .pathlock import PathLock
-from .sink import STATUSES
+from .sink import STATUSES, Sink
 from .space import NoSpace, SpaceReserve, superblock_end, trim
 
-LIBVER = ("v108", "v108")
 QUEUE_BYTES = 128 << 20  # default byte budget of the hand-over queue
 STALL_TIMEOUT_S = 60.0  # default: a writer thread that finishes nothing for this long is stuck
 TMP_SUFFIX = ".jaxlog-tmp"
@@ -77,9 +76,6 @@ _LAYOUT_BYTES = 12 << 10  # per leaf at creation (group, datasets, object header
 # /jaxlog attributes rewritten in place while the file is written: fixed-size strings never need
 # new space in the file (a disk that is full still takes the final status)
 _FIXED_ATTRS = {"status": 16, "steps_done": 24, "writer_error": 2048}
-# HDF5 keeps string attributes in its global heap, which has no checksum: ours does
-CRC_ATTR = "json_crc32"
-CRC_COVERS = ("format_version", "schema", "provenance", "meta", "violation")
 _LIVE: "weakref.WeakSet[HDF5Writer]" = weakref.WeakSet()
 _EMPTY_STEPS = np.zeros(0, dtype=np.int64)
 
@@ -92,41 +88,15 @@ def _same_file_key(path: Path) -> str:
         return str(path.absolute())
 
 
-def _json(value: Any) -> str:
-    return json.dumps(value, default=_json_default)
-
-
-def _json_default(obj: Any) -> Any:
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    if isinstance(obj, Path):
-        return str(obj)
-    return repr(obj)
-
-
-def json_crc32(texts: dict[str, str | bytes | None]) -> int:
-    """Checksum of the JSON attributes in ``CRC_COVERS`` (absent ones count as empty)."""
-    parts = (texts.get(k) or b"" for k in CRC_COVERS)
-    return zlib.crc32(b"\0".join(p if isinstance(p, bytes) else p.encode() for p in parts))
-
-
-def _text(value: str) -> np.bytes_:
-    """A string attribute as fixed-length bytes: stored in the object header (checksummed), not in
-    HDF5's global heap (no checksum; a damaged one can make HDF5 loop while reading it)."""
-    return np.bytes_(value.encode())
-
-
 def _fixed_json(name: str, value: Any) -> np.ndarray:
     """``value`` as JSON in the fixed-size string attribute ``name`` (long text is shortened)."""
     size = _FIXED_ATTRS[name]
-    text = _json(value)
+    text = json_text(value)
     if len(text.encode()) > size:
         s = str(value)
         while len(text.encode()) > size:
             s = s[: max(0, len(s) - max(16, len(text.encode()) - size))]
-            text = _json(s + " ...")
+            text = json_text(s + " ...")
     return np.array(text.encode(), dtype=f"S{size}")
 
 
@@ -306,7 +276,7 @@ def _close_discarding(f: h5py.File) -> None:
         pass
 
 
-class HDF5Writer:
+class HDF5Writer(Sink):
     """Sink writing an H5MD trajectory file from a background thread.
 
     ``flush_every_s``: how often data and ``steps_done`` reach the disk (what survives a kill).
@@ -339,7 +309,7 @@ class HDF5Writer:
         particles: dict[str, dict[str, str]] | None = None,
         overwrite: bool = True,
     ):
-        if isinstance(queue_bytes, bool) or not isinstance(queue_bytes, int) or queue_bytes < 1:
+        if not is_integer(queue_bytes) or queue_bytes < 1:
             raise JaxlogError(f"HDF5Writer(queue_bytes={queue_bytes!r}): needs an integer number of bytes >= 1")
         if flush_every_s < 0:
             raise JaxlogError(f"HDF5Writer(flush_every_s={flush_every_s}): must be >= 0")
@@ -627,8 +597,8 @@ class HDF5Writer:
         is copied from its template (see ``_Template``)."""
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}-{secrets.token_hex(4)}{TMP_SUFFIX}")
         frames = _frames_per_leaf(schema, meta) if self.expected_frames is None else self.expected_frames
-        self._texts = {"format_version": _json(FORMAT_VERSION), "schema": _json(schema.to_json()),
-                       "provenance": _json(meta.get("provenance")), "meta": _json(meta), "violation": _json(None)}
+        self._texts = {"format_version": json_text(FORMAT_VERSION), "schema": json_text(schema.to_json()),
+                       "provenance": json_text(meta.get("provenance")), "meta": json_text(meta), "violation": json_text(None)}
         key = self._layout_key(self._texts["schema"], frames)
         template = _TEMPLATES.get(key)
         own = (len(self._texts["provenance"]) + len(self._texts["meta"])) * 2 + _LAYOUT_BYTES
@@ -652,7 +622,7 @@ class HDF5Writer:
                 self._build(f, schema, frames, template)
             jl = self._jl
             for name in ("provenance", "meta"):
-                jl.attrs[name] = _text(self._texts[name])
+                jl.attrs[name] = attr_text(self._texts[name])
             jl.attrs[CRC_ATTR] = np.uint32(json_crc32(self._texts))
             f.flush()
             self._flushed_end = f.id.get_filesize()
@@ -690,7 +660,7 @@ class HDF5Writer:
         """Everything the file's layout depends on: equal keys, byte-equal layouts."""
         from .. import __version__
 
-        return _json([schema_text, sorted(frames.items()), self.compression, self.compression_opts,
+        return json_text([schema_text, sorted(frames.items()), self.compression, self.compression_opts,
                       self.shuffle, self.checksums, self._author(), self.particles, __version__,
                       h5py.version.hdf5_version, LIBVER])
 
@@ -756,12 +726,12 @@ class HDF5Writer:
             self._dsets[leaf.path] = column(g, leaf.path, "value", shape=(0, *leaf.shape), maxshape=maxshape,
                                             dtype=stored, chunks=chunks)
             if made and dname is not None:
-                g["value"].attrs[DTYPE_ATTR] = _text(dname)
+                g["value"].attrs[DTYPE_ATTR] = attr_text(dname)
             if made and leaf.key_impl is not None:
-                g["value"].attrs[KEY_IMPL_ATTR] = _text(leaf.key_impl)
+                g["value"].attrs[KEY_IMPL_ATTR] = attr_text(leaf.key_impl)
             # Leaves of one view with one schedule share their step/time datasets (H5MD allows
             # hard-linked step/time): fewer HDF5 calls per batch, which dominate small batches.
-            key = (leaf.record, _json(leaf.schedule.to_json()))
+            key = (leaf.record, json_text(leaf.schedule.to_json()))
             group = self._groups.get(key)
             if group is None:
                 scalar = {"shape": (0,), "maxshape": (None,), "chunks": (_chunk_rows(8, n),)}
@@ -789,7 +759,7 @@ class HDF5Writer:
             box.attrs["boundary"] = np.array([b"none"] * dim, dtype="S8") if dim else np.array([], dtype="S8")
         jl = f.create_group("jaxlog")
         for key in ("format_version", "schema", "violation"):
-            jl.attrs[key] = _text(self._texts[key])
+            jl.attrs[key] = attr_text(self._texts[key])
         jl.attrs["status"] = _fixed_json("status", "running")
         jl.attrs["steps_done"] = _fixed_json("steps_done", 0)
         jl.attrs["writer_error"] = _fixed_json("writer_error", None)
@@ -946,9 +916,9 @@ class HDF5Writer:
                 kw = {"chunks": arr.shape, "fletcher32": True} if self.checksums and arr.ndim and arr.size else {}
                 ds = g.create_dataset(path, data=arr, **kw)
                 if dname is not None:
-                    ds.attrs[DTYPE_ATTR] = _text(dname)
+                    ds.attrs[DTYPE_ATTR] = attr_text(dname)
                 if impl is not None:
-                    ds.attrs[KEY_IMPL_ATTR] = _text(impl)
+                    ds.attrs[KEY_IMPL_ATTR] = attr_text(impl)
         except Exception as exc:
             raise WriterError(f"writing attachment {name!r} at step {step} to {self.path} failed: {exc}") from exc
         self._check_end(bound)
@@ -981,20 +951,20 @@ class HDF5Writer:
                 # the caller handed over more than the broken writer wrote: say what the file holds
                 steps_done = min(int(steps_done), max(self._complete_step, 0))
             if violation is not None:
-                text = _json(violation)
+                text = json_text(violation)
                 try:
                     self._reserve(2 * len(text.encode()) + _LAYOUT_BYTES, "the violation")
-                    jl.attrs["violation"] = _text(text)
+                    jl.attrs["violation"] = attr_text(text)
                     if CRC_ATTR in jl.attrs:  # not in a file reopened from an older version
                         texts = {k: jl.attrs[k] for k in CRC_COVERS}
                         jl.attrs.modify(CRC_ATTR, np.uint32(json_crc32(texts)))
                 except NoSpace as exc:
                     error = error or exc
             if summary is not None:
-                text = _json(summary)
+                text = json_text(summary)
                 try:
                     self._reserve(2 * len(text.encode()) + _LAYOUT_BYTES, "the run's summary")
-                    jl.attrs["summary"] = _text(text)
+                    jl.attrs["summary"] = attr_text(text)
                 except NoSpace as exc:
                     error = error or exc
             if error is not None:

@@ -19,15 +19,17 @@ import dataclasses
 import inspect
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, NamedTuple, Sequence
 
 import h5py
 import numpy as np
 
 from ..errors import JaxlogError
 from ..record.frames import FORMAT_VERSION, Block, Frames, Schema, Shards
-from .hdf5 import CRC_ATTR, CRC_COVERS, LIBVER, HDF5Writer, _json, _text, json_crc32
+from .format import CRC_ATTR, CRC_COVERS, LIBVER, attr_text, json_crc32, json_text
+from .hdf5 import HDF5Writer
 from .selection import row_numbers, select_frames
+from .sink import Sink
 
 PARTS_ATTR = "parts"  # on the index's /jaxlog: the part files and blocks, JSON
 PART_META = "part"  # in a part's meta: {"run_id", "process", "index"}
@@ -55,7 +57,7 @@ def _local_path(path: str, block: int, n_blocks: int) -> str:
     return path if n_blocks == 1 else f"{path}@{block}"
 
 
-class PartsWriter:
+class PartsWriter(Sink):
     """The sink an ``HDF5Writer`` becomes in a run over several processes: this process's part
     file (written by an HDF5Writer with the same options) and, in process 0, the index."""
 
@@ -180,11 +182,11 @@ class PartsWriter:
                 creator.attrs["version"] = __version__
                 jl = f.create_group("jaxlog")
                 # the writer's own JSON and attribute form (fixed-length: in the checksummed object header)
-                texts = {"format_version": _json(FORMAT_VERSION), "schema": _json(self._schema.to_json()),
-                         **{key: _json(value) for key, value in self._info.items()},
-                         PARTS_ATTR: _json(self._index)}
+                texts = {"format_version": json_text(FORMAT_VERSION), "schema": json_text(self._schema.to_json()),
+                         **{key: json_text(value) for key, value in self._info.items()},
+                         PARTS_ATTR: json_text(self._index)}
                 for key, text in texts.items():
-                    jl.attrs[key] = _text(text)
+                    jl.attrs[key] = attr_text(text)
                 jl.attrs[CRC_ATTR] = np.uint32(json_crc32({k: texts.get(k) for k in CRC_COVERS}))
             os.replace(tmp, self.path)
         except BaseException:
@@ -241,10 +243,18 @@ def _check_tiling(index_path: Path, path: str, shape: tuple[int, ...], blocks: l
                 raise invalid_index(index_path, f"record {path!r}: blocks {p} and {q} overlap")
 
 
-def load_parts(path: Path, schema: Schema, info: dict) -> Any:
-    """The trajectory of a run over several processes, through its index (validated)."""
-    from .trajectory import Trajectory, load
+class PartIndex(NamedTuple):
+    """A validated index: the part files, each opened as a trajectory, and per record the blocks
+    that tile it (part number, the block's record in that part, its index in the whole)."""
 
+    files: tuple[Path, ...]
+    parts: tuple[Any, ...]
+    blocks: dict[str, list[tuple[int, str, tuple]]]
+
+
+def read_index(path: Path, schema: Schema, info: dict, load_part: Callable[[Path], Any]) -> PartIndex:
+    """The index of a run over several processes, validated. ``load_part(file)``: the reader's
+    own loader for a part file (the reader calls this module, never the other way round)."""
     index = info.get(PARTS_ATTR)
     if not isinstance(index, dict) or not isinstance(index.get("files"), list) or not isinstance(
             index.get("records"), dict) or not isinstance(index.get("run_id"), str):
@@ -252,7 +262,7 @@ def load_parts(path: Path, schema: Schema, info: dict) -> Any:
     files = [_part_file(path, name) for name in index["files"]]
     parts = []
     for i, f in enumerate(files):
-        part = load(f, part_of=path)  # opened and read as any file; one that is an index is refused there
+        part = load_part(f)  # opened and read as any file; one that is an index is refused there
         mine = part.meta.get(PART_META) if isinstance(part.meta, dict) else None
         if not isinstance(mine, dict) or mine.get("run_id") != index["run_id"] or mine.get("process") != i:
             raise JaxlogError(f"{path}: part file {f.name} is not process {i}'s part of this run (a file left by "
@@ -281,19 +291,10 @@ def load_parts(path: Path, schema: Schema, info: dict) -> Any:
             got.append((fi, local, idx))
         _check_tiling(path, leaf.path, tuple(leaf.shape), [g[2] for g in got])
         blocks[leaf.path] = got
-
-    class PartedTrajectory(Trajectory):
-        """One trajectory over the part files its index names."""
-
-        def _file_read(self, name: str, what: str, index: Any) -> np.ndarray | None:
-            return _read_blocks(self, parts, blocks[name], name, what, index)
-
-    traj = PartedTrajectory(schema, info, path=path)
-    traj.parts = tuple(files)
-    return traj
+    return PartIndex(files=tuple(files), parts=tuple(parts), blocks=blocks)
 
 
-def _frames(parts: list, entries: list, name: str) -> tuple[int, np.ndarray]:
+def _frames(parts: Sequence, entries: list, name: str) -> tuple[int, np.ndarray]:
     """Frames every block of a record has (a process killed mid-run holds fewer), and their steps."""
     steps = [parts[fi].steps(local) for fi, local, _ in entries]
     n = min(len(s) for s in steps)
@@ -303,9 +304,10 @@ def _frames(parts: list, entries: list, name: str) -> tuple[int, np.ndarray]:
     return n, steps[0][:n]
 
 
-def _read_blocks(traj: Any, parts: list, entries: list, name: str, what: str, index: Any) -> np.ndarray | None:
+def read_blocks(traj: Any, parted: PartIndex, name: str, what: str, index: Any) -> np.ndarray | None:
     """``traj[name, index]`` (``what="value"``) or its steps, assembled from the blocks: only
     the frames ``index`` selects are read, and the index then applies as on the whole array."""
+    parts, entries = parted.parts, parted.blocks[name]
     if what == "time":
         return None  # step * dt
     n, steps = _frames(parts, entries, name)

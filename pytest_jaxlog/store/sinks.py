@@ -12,9 +12,10 @@ import numpy as np
 from ..store.dtypes import check_frames, check_leaf_dtype, to_host
 from ..errors import JaxlogError, WriterError
 from ..record.frames import Frames, Schema
+from .sink import Sink
 
 
-class MemorySink:
+class MemorySink(Sink):
     """Keeps every frame in host memory; ``run.trajectory`` uses it when no file sink is given."""
 
     def __init__(self):
@@ -98,7 +99,7 @@ def _cell(value: Any) -> str:
     return repr(float(value))
 
 
-class CSVWriter:
+class CSVWriter(Sink):
     """Scalar records as CSV rows: one per recorded step (and per system when batched).
 
     Columns: ``step``, ``system`` (batched), ``time`` (with dt), then one per record. A record
@@ -182,10 +183,11 @@ class CSVWriter:
         except OSError as exc:
             raise WriterError(f"writing {self.path} failed: {exc}") from exc
 
-    def attach(self, name: str, step: int, tree: dict[str, np.ndarray]) -> None:
+    def attach(self, name: str, step: int, tree: dict[str, np.ndarray], *, key_impls: dict | None = None) -> None:
         """Snapshots are not tabular: CSV ignores them."""
 
-    def close(self, status: str = "complete", *, steps_done: int | None = None, violation: dict | None = None) -> None:
+    def close(self, status: str = "complete", *, steps_done: int | None = None, violation: dict | None = None,
+              summary: dict | None = None) -> None:
         if self._fh is not None and not self._fh.closed:
             self._fh.close()
 
@@ -194,7 +196,7 @@ class CSVWriter:
         return {"csv": self.path}
 
 
-class CallbackSink:
+class CallbackSink(Sink):
     """Calls ``fn(frames)`` per batch (and ``on_open(schema, meta)``, ``on_close(status, steps_done,
     violation)`` if given). An exception in a callback surfaces as WriterError, chained."""
 
@@ -222,11 +224,12 @@ class CallbackSink:
             check_frames(self.schema, frames)
         self._call("write", self.fn, frames)
 
-    def attach(self, name: str, step: int, tree: dict[str, np.ndarray]) -> None:
+    def attach(self, name: str, step: int, tree: dict[str, np.ndarray], *, key_impls: dict | None = None) -> None:
         if self.on_attach is not None:
             self._call("on_attach", self.on_attach, name, step, tree)
 
-    def close(self, status: str = "complete", *, steps_done: int | None = None, violation: dict | None = None) -> None:
+    def close(self, status: str = "complete", *, steps_done: int | None = None, violation: dict | None = None,
+              summary: dict | None = None) -> None:
         if self.on_close is not None:
             self._call("on_close", self.on_close, status, steps_done, violation)
 

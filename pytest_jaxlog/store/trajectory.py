@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple
@@ -23,19 +22,21 @@ import h5py
 import numpy as np
 
 from ..errors import JaxlogError
-from ..record.frames import FORMAT_VERSION, Frames, Schema, dtype_from_name
-from ..record.records import leaf_paths
-from ..record.schedule import is_int, schedule_from_json
+from ..record.frames import FORMAT_VERSION, MAX_RANK, MAX_SIZE, Frames, Schema, dtype_from_name
+from ..record.records import is_record_path, leaf_paths
+from ..record.numbers import is_dt, is_integer
+from ..record.schedule import schedule_from_json
 from . import h5safe
 from .dtypes import DTYPE_ATTR, KEY_IMPL_ATTR, check_leaf_dtype, decode, storage_dtype
-from .hdf5 import CRC_ATTR, HDF5Writer, json_crc32
+from .format import CRC_ATTR, json_crc32
+from .hdf5 import HDF5Writer
+from .parts import PartIndex, invalid_index, read_blocks, read_index
 from .selection import select_frames
 from .sink import STATUSES
 
 _REQUIRED = ("format_version", "schema", "status", "steps_done")
 _OPTIONAL = ("provenance", "meta", "violation", "writer_error", "summary", "parts")
 _READ_ERRORS = (OSError, RuntimeError, KeyError)  # what h5py raises for unreadable or corrupted data
-_MAX_RANK = 32  # numpy's limit on dimensions
 
 
 def _open(path: Path) -> h5py.File:
@@ -663,19 +664,19 @@ def _schema_from_json(data: Any, file: Path) -> Schema:
     if not isinstance(data.get("batched", False), bool):
         raise JaxlogError(f"{where}: 'batched' must be true or false")
     dt = data.get("dt")
-    if dt is not None and not (isinstance(dt, (int, float)) and not isinstance(dt, bool) and math.isfinite(dt)):
+    if not is_dt(dt):
         raise JaxlogError(f"{where}: 'dt' must be a finite number or null, got {dt!r}")
     for i, leaf in enumerate(data["leaves"]):
         at = f"{where}, leaf {i}"
         if not isinstance(leaf, dict):
             raise JaxlogError(f"{at} is not an object")
         path, record = leaf.get("path"), leaf.get("record")
-        if not isinstance(path, str) or not path or any(p in ("", ".", "..") for p in path.split("/")):
+        if not is_record_path(path):
             raise JaxlogError(f"{at}: record path {path!r} is not a/b/c names")
         if not isinstance(record, str):
             raise JaxlogError(f"{at} ({path!r}): 'record' must be a string")
         shape = leaf.get("shape")
-        if not isinstance(shape, list) or len(shape) >= _MAX_RANK or not all(is_int(n) and 0 <= n < 2**40 for n in shape):
+        if not isinstance(shape, list) or len(shape) >= MAX_RANK or not all(is_integer(n) and 0 <= n < MAX_SIZE for n in shape):
             raise JaxlogError(f"{at} ({path!r}): shape {shape!r} is not a list of sizes")
         dtype = leaf.get("dtype")
         if not isinstance(dtype, str):
@@ -732,7 +733,7 @@ def _read_info(jl: h5py.Group, file: Path) -> dict[str, Any]:
     if missing:
         raise JaxlogError(f"{file} is not a pytest-jaxlog trajectory: /jaxlog lacks {', '.join(missing)}")
     version = info["format_version"]
-    if not is_int(version) or version < 1:
+    if not is_integer(version) or version < 1:
         raise JaxlogError(f"{file}: /jaxlog attribute 'format_version' is {version!r}, not a version number")
     if version > FORMAT_VERSION:
         raise JaxlogError(
@@ -743,7 +744,7 @@ def _read_info(jl: h5py.Group, file: Path) -> dict[str, Any]:
     if info["status"] not in STATUSES:
         raise JaxlogError(f"{file}: /jaxlog attribute 'status' is {info['status']!r}; expected one of "
                           f"{', '.join(STATUSES)}")
-    if not is_int(info["steps_done"]) or not 0 <= info["steps_done"] < 2**63:
+    if not is_integer(info["steps_done"]) or not 0 <= info["steps_done"] < 2**63:
         raise JaxlogError(f"{file}: /jaxlog attribute 'steps_done' is {info['steps_done']!r}, not a step number")
     for key in ("provenance", "meta", "violation", "summary"):
         if info.get(key) is not None and not isinstance(info[key], dict):
@@ -752,13 +753,25 @@ def _read_info(jl: h5py.Group, file: Path) -> dict[str, Any]:
     if summary.get("stop_reason") not in (None, "until", "steps", "violation", "interrupted"):
         raise JaxlogError(f"{file}: /jaxlog summary's stop_reason is {summary.get('stop_reason')!r}")
     done = summary.get("systems_done")
-    if done is not None and not (isinstance(done, list) and all(is_int(d) and d >= 0 for d in done)):
+    if done is not None and not (isinstance(done, list) and all(is_integer(d) and d >= 0 for d in done)):
         raise JaxlogError(f"{file}: /jaxlog summary's systems_done is not a list of step numbers")
     if summary.get("finished_systems") is not None and not isinstance(summary["finished_systems"], dict):
         raise JaxlogError(f"{file}: /jaxlog summary's finished_systems must be an object or null")
     if info.get("writer_error") is not None and not isinstance(info["writer_error"], str):
         raise JaxlogError(f"{file}: /jaxlog attribute 'writer_error' must be a string or null")
     return info
+
+
+class PartedTrajectory(Trajectory):
+    """One trajectory over the part files a multi-process index names (``parts.read_index``)."""
+
+    def __init__(self, schema: Schema, info: dict, *, path: Path, parted: PartIndex):
+        super().__init__(schema, info, path=path)
+        self._parted = parted
+        self.parts = parted.files
+
+    def _file_read(self, name: str, what: str, index: Any) -> np.ndarray | None:
+        return read_blocks(self, self._parted, name, what, index)
 
 
 def load(path: str | os.PathLike, *, part_of: Path | None = None) -> Trajectory:
@@ -789,11 +802,10 @@ def load(path: str | os.PathLike, *, part_of: Path | None = None) -> Trajectory:
             info = _read_info(jl, path)
             schema = _schema_from_json(info["schema"], path)
             if info.get("parts") is not None:  # the index of a run over several processes: data in the parts
-                from .parts import invalid_index, load_parts  # the multi-process index reader builds on this module
-
                 if part_of is not None:
                     raise invalid_index(part_of, f"part file {path.name} is itself an index")
-                return load_parts(path, schema, info)
+                parted = read_index(path, schema, info, load_part=lambda f: load(f, part_of=path))
+                return PartedTrajectory(schema, info, path=path, parted=parted)
             obs = h5safe.child(f, "observables", path, "/observables")
             absent = [p for p in schema.paths
                       if obs is None or h5safe.get(h5safe.group(obs, path, "/observables"), p, path, "/observables") is None]

@@ -1,0 +1,97 @@
+"""The session manifest, ``manifest.json`` in the artifact directory: one owner for its name,
+version and fields, so the plugin that writes it and ``jaxlog summary`` that reads it agree.
+
+Every path in it is relative to the directory of the file (the folder can be moved or
+downloaded as a CI artifact). Reading tolerates what an older or damaged manifest lacks:
+a field that is not what it should be reads as absent. Standard library only: the plugin
+imports this without jax or numpy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+from ..errors import JaxlogError
+
+NAME = "manifest.json"
+VERSION = 2
+PATHS = "relative to the directory of this file"
+
+
+def document(*, started: float, finished: float, exitstatus: int, rootdir: str, golden_dir: str,
+             settings: dict[str, Any], tests: list[dict], stale: list[dict]) -> dict[str, Any]:
+    """A manifest's fields, in the order they are written."""
+    return {
+        "version": VERSION,
+        "paths": PATHS,
+        "started": started,
+        "finished": finished,
+        "exitstatus": int(exitstatus),
+        "rootdir": rootdir,
+        "golden_dir": golden_dir,
+        "settings": settings,
+        "tests": tests,
+        "stale": stale,
+    }
+
+
+def write(directory: Path, doc: dict[str, Any]) -> Path:
+    """``doc`` as ``directory/manifest.json``, written beside it and renamed over it: a reader
+    sees the old manifest or the new one, never half of one."""
+    path = Path(directory) / NAME
+    tmp = path.with_name(f".manifest-{os.getpid()}.json")
+    tmp.write_text(json.dumps(doc, indent=1, default=str))
+    os.replace(tmp, path)
+    return path
+
+
+def read(path: Path) -> dict[str, Any]:
+    """The manifest at ``path``; unreadable, not JSON or not an object is one JaxlogError whose
+    message is the cause (the caller says which file)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise JaxlogError(str(exc)) from None
+    if not isinstance(doc, dict):
+        raise JaxlogError("not a JSON object")
+    return doc
+
+
+def find(roots: Iterable[str | os.PathLike]) -> list[Path]:
+    """The manifest files under ``roots`` (a root may be a manifest file itself)."""
+    out: list[Path] = []
+    for root in roots:
+        r = Path(root)
+        out += [r] if r.is_file() else sorted(r.rglob(NAME)) if r.is_dir() else []
+    return out
+
+
+def tests(doc: dict[str, Any]) -> list[dict]:
+    """The test entries (each with a ``nodeid``)."""
+    return [t for t in _list(doc.get("tests")) if isinstance(t, dict) and "nodeid" in t]
+
+
+def stale(doc: dict[str, Any]) -> list[dict]:
+    """Artifact directories of earlier sessions listed as stale (each with a ``dir``)."""
+    return [s for s in _list(doc.get("stale")) if isinstance(s, dict) and s.get("dir")]
+
+
+def settings(doc: dict[str, Any]) -> dict[str, Any]:
+    value = doc.get("settings")
+    return value if isinstance(value, dict) else {}
+
+
+def artifact_dirs(doc: dict[str, Any]) -> list[dict]:
+    """Every artifact directory the manifest names (its tests' and the stale ones), with the
+    test's ``nodeid``, ``outcome`` and the session's ``finished`` time."""
+    finished = doc.get("finished")
+    out = [{"nodeid": t.get("nodeid"), "dir": t.get("dir"), "outcome": t.get("outcome"), "finished": finished}
+           for t in _list(doc.get("tests")) if isinstance(t, dict) and t.get("dir")]
+    return out + stale(doc)
+
+
+def _list(value: Any) -> list:
+    return value if isinstance(value, list) else []
