@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..errors import JaxlogError
+from ..errors import JaxlogError, hide_frame_from_checks
 from ..profiling.timeline import now_ns
 from ..profiling.timings import CompileTracker
 from ..record.frames import Frames, Schema
@@ -108,6 +108,7 @@ class Recorder:
         return self
 
     def log(self, state: Any, step: int) -> None:
+        __tracebackhide__ = hide_frame_from_checks
         if not self._active:
             raise JaxlogError("Recorder.log() called outside `with recorder:` (enter it first; it opens the sinks)")
         step = _step_label(step)
@@ -166,6 +167,7 @@ class Recorder:
             self._flush()
 
     def __exit__(self, exc_type, exc, tb):
+        __tracebackhide__ = hide_frame_from_checks
         if not self._active:
             return False
         self._active = False
@@ -285,6 +287,7 @@ class Recorder:
         self._pending = any(self._steps)
 
     def _flush(self, check: bool = True) -> None:
+        __tracebackhide__ = hide_frame_from_checks
         if not self._pending:
             return
         frames, live = self._frames()
@@ -303,6 +306,7 @@ class Recorder:
 
     def _violated(self, new: list) -> None:
         """New violations from one flush, earliest first (the pipeline's ``first`` is the run's first)."""
+        __tracebackhide__ = hide_frame_from_checks
         self.violation = self._pipe.first
         if self.on_violation == "raise":
             v = new[0]

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..check.invariants import as_list, check_on_violation
-from ..errors import JaxlogError
+from ..errors import JaxlogError, hide_frame_from_checks
 from ..profiling.timeline import now_ns
 from ..profiling.timings import CompileTracker
 from ..profiling.window import check_windows
@@ -321,6 +321,7 @@ def run(step: Callable, state: Any, steps: int, *, record: Any = None, invariant
     was donated, the newest state computed (``steps_done`` then says which step it is; the sinks'
     ``steps_done`` is the last written step).
     """
+    __tracebackhide__ = hide_frame_from_checks
     steps = check_count(steps, "steps", minimum=0)
     start_step = check_count(start_step, "start_step", minimum=0)
     if start_step + steps >= 2**31:
@@ -353,6 +354,7 @@ def run(step: Callable, state: Any, steps: int, *, record: Any = None, invariant
 
 
 def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) -> Run:
+    __tracebackhide__ = hide_frame_from_checks
     start_step, end, key = cfg.start_step, cfg.end, cfg.key
     windows = check_windows(cfg.profile, end, start_step) if cfg.profile is not None else ()
     state = _as_arrays(state)

@@ -190,8 +190,10 @@ class JaxlogFixture:
         """``jl.run`` writing ``<dir>/<name or trajectory[-i]>.h5`` and a ``.pftrace`` timeline; the profile
         window, progress bar, chunk size and violation policy default to the marker/options."""
         from ..drive.run import run as jl_run
+        from ..errors import hide_frame_from_checks
         from ..store.hdf5 import HDF5Writer
 
+        __tracebackhide__ = hide_frame_from_checks
         name = self._name(name)
         writer = HDF5Writer(self._file(name, ".h5"), **(writer_kwargs or {}))
         window = self._window(profile, name, steps, kwargs.get("start_step", 0))
