@@ -12,7 +12,7 @@ from ..record.frames import Frames, Schema
 
 
 def scalar_paths(schema: Schema, records: Iterable[str] | None, who: str, *, kind: str = "CSV",
-                 instead: str = "HDF5Writer") -> tuple[str, ...]:
+                 advice: str = "write it with HDF5Writer") -> tuple[str, ...]:
     """The leaf paths a scalar sink writes: ``records=None`` takes every scalar record (none is an
     error), named records must all be scalar (``who`` and ``kind`` name the sink in the message)."""
     base = () if not schema.batched else (schema.n_systems,)
@@ -31,7 +31,7 @@ def scalar_paths(schema: Schema, records: Iterable[str] | None, who: str, *, kin
             per = "per system " if schema.batched else ""
             raise JaxlogError(
                 f"{who}: record {p!r} has shape {tuple(schema[p].shape)}; {kind} takes "
-                f"scalar records only ({per}shape {base}); write it with {instead}"
+                f"scalar records only ({per}shape {base}); {advice}"
             )
     return paths
 
