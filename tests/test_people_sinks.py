@@ -118,6 +118,8 @@ def test_tensorboard_writer_error_surfaces_on_the_callers_thread(tmp_path):
     tb.write(frames)
     with pytest.raises(jl.WriterError, match=r"TensorBoardWriter\(.*events.out.tfevents.*ValueError"):
         tb.close("complete", steps_done=2)
+    with pytest.raises(jl.WriterError, match="is closed, cannot write"):
+        tb.write(frames)
 
 
 def test_logging_sink_lines_in_pytests_captured_log(caplog):

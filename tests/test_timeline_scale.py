@@ -65,10 +65,33 @@ def test_thinning_keeps_a_spike_and_a_nan_wherever_they_are():
         spike, nan = rng.integers(1, n - 1, 2)
         values[spike] = 100.0
         values[nan] = np.nan
-        keep = _extremes(values, 500)
+        keep = _extremes(values, np.arange(n), 500)
         assert len(keep) <= 500 and (np.diff(keep) > 0).all() and keep[0] == 0 and keep[-1] == n - 1
         assert spike in keep or (nan in keep and abs(int(nan) - int(spike)) < n // 200)
         assert nan in keep
+
+
+def test_a_run_of_any_length_holds_a_bounded_timeline_covering_all_its_steps(tmp_path):
+    """200,000 samples arrive in chunks: the timeline holds a bounded number while they come,
+    and the written track spans every part of the run evenly, with the spike and its count."""
+    tl = jl.Timeline()
+    n, chunk = 200_000, 1_000
+    values = np.sin(np.arange(n) / 5000.0)
+    values[123_456] = 50.0
+    held = []
+    for k in range(0, n, chunk):
+        tl.counter_series("e", np.arange(k, k + chunk) * 1000, values[k:k + chunk], steps=np.arange(k, k + chunk))
+        held.append(sum(len(c.values) for c in tl._ev.counters))
+    assert max(held) <= 16 * MAX_COUNTER_SAMPLES + chunk
+    trace = jl.load_trace(tl.write(tmp_path / "long.pftrace"))
+    steps, got = trace.counter_steps["e"], trace.counters["e"][1]
+    assert len(got) <= MAX_COUNTER_SAMPLES and steps[0] == 0 and steps[-1] == n - 1
+    np.testing.assert_array_equal(got, values[steps])
+    assert 123_456 in steps.tolist()
+    per_tenth = np.bincount(steps * 10 // n, minlength=10)
+    assert per_tenth.min() >= 0.8 * per_tenth.max(), per_tenth  # early steps are not crowded out
+    (note,) = trace.instants("counter downsampled")
+    assert note.args["samples"] == n and note.args["kept"] == len(got)
 
 
 def test_counter_steps_are_written_beside_the_values(tmp_path):

@@ -41,6 +41,9 @@ _SEQ_ID = 1
 MAX_COUNTER_SAMPLES = 2000
 #: The instant that says a counter track was thinned, on this track.
 NOTES_TRACK = "timeline"
+#: While a run goes, a counter track holding this many samples is thinned to a quarter of it, so
+#: the timeline's memory stays bounded for any run length (the written trace is thinned further).
+_COMPACT_AT = 16 * MAX_COUNTER_SAMPLES
 
 
 def now_ns() -> int:
@@ -104,20 +107,30 @@ class _CounterTrack:
     thinned_from: int = 0  # the number of samples before thinning (0: none dropped)
 
 
-def _counter_tracks(counters: list[_Counter]) -> list[_CounterTrack]:
+def _merged(series: list[_Counter]) -> _Counter:
+    """One track's series as one, in order (steps -1 where a series had none)."""
+    steps = [np.full(len(c.values), -1, np.int64) if c.steps is None else c.steps for c in series]
+    return _Counter(series[0].name, np.concatenate([c.ts_ns for c in series]),
+                    np.concatenate([c.values for c in series]), series[0].unit, np.concatenate(steps))
+
+
+def _thinned(c: _Counter, limit: int) -> _Counter:
+    keep = _extremes(c.values, c.steps if (c.steps >= 0).all() else c.ts_ns, limit)
+    return _Counter(c.name, c.ts_ns[keep], c.values[keep], c.unit, c.steps[keep])
+
+
+def _counter_tracks(counters: list[_Counter], totals: dict[str, int]) -> list[_CounterTrack]:
+    """The tracks as written; ``totals``: samples recorded per track (more than held, once compacted)."""
     by_name: dict[str, list[_Counter]] = {}
     for c in counters:
         by_name.setdefault(c.name, []).append(c)
     out = []
     for name, series in by_name.items():
-        ts = np.concatenate([c.ts_ns for c in series])
-        values = np.concatenate([c.values for c in series])
-        steps = np.concatenate([np.full(len(c.values), -1, np.int64) if c.steps is None else c.steps for c in series])
-        if len(values) <= MAX_COUNTER_SAMPLES:
-            out.append(_CounterTrack(name, ts, values, steps))
-            continue
-        keep = _extremes(values, MAX_COUNTER_SAMPLES)
-        out.append(_CounterTrack(name, ts[keep], values[keep], steps[keep], thinned_from=len(values)))
+        c = _merged(series)
+        total = max(totals.get(name, 0), len(c.values))
+        if len(c.values) > MAX_COUNTER_SAMPLES:
+            c = _thinned(c, MAX_COUNTER_SAMPLES)
+        out.append(_CounterTrack(name, c.ts_ns, c.values, c.steps, thinned_from=total if total > len(c.values) else 0))
     return out
 
 
@@ -128,13 +141,17 @@ def _thinning_note(track: _CounterTrack) -> _Instant:
                      "kept samples": "the first, the last, and the lowest and highest of each stretch of steps"})
 
 
-def _extremes(values: np.ndarray, limit: int) -> np.ndarray:
+def _extremes(values: np.ndarray, where: np.ndarray, limit: int) -> np.ndarray:
     """Indices of at most ``limit`` samples, in order: the first, the last, and the lowest and the
-    highest of each of ``(limit - 2) // 2`` equal stretches (argmin/argmax point at a NaN if any)."""
+    highest of each of ``(limit - 2) // 2`` equal stretches of ``where`` (increasing steps or
+    times, so samples thinned before count by the span they cover, not by how many are left);
+    argmin/argmax point at a NaN if there is one."""
     n = len(values)
-    edges = np.linspace(0, n, max(1, (limit - 2) // 2) + 1).astype(np.int64)
+    where = where.astype(np.float64)
+    edges = np.linspace(where[0], where[-1], max(1, (limit - 2) // 2) + 1)
+    cuts = np.searchsorted(where, edges[1:-1], side="right")
     keep = [0, n - 1]
-    for lo, hi in zip(edges[:-1].tolist(), edges[1:].tolist()):
+    for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), n]):
         if hi > lo:
             part = values[lo:hi]
             keep += [lo + int(np.argmin(part)), lo + int(np.argmax(part))]
@@ -149,6 +166,8 @@ class Timeline:
         self._lock = threading.Lock()
         self._ev = _Events()
         self._counter_last: dict[str, int] = {}
+        self._counter_total: dict[str, int] = {}  # samples recorded per counter track
+        self._counter_held: dict[str, int] = {}  # of which held now (fewer once compacted)
 
     # -- collecting ---------------------------------------------------------------------------
     def _track(self, track: str) -> None:
@@ -208,6 +227,19 @@ class Timeline:
             self._counter_last[name] = int(ts[-1])
             self._ev.counters.append(_Counter(name, ts.copy(), vals.copy(), unit,
                                               None if step_arr is None else step_arr.copy()))
+            self._counter_total[name] = self._counter_total.get(name, 0) + len(vals)
+            self._counter_held[name] = self._counter_held.get(name, 0) + len(vals)
+            if self._counter_held[name] > _COMPACT_AT:
+                self._compact(name)
+
+    def _compact(self, name: str) -> None:
+        """Thin the samples held for counter ``name`` to a quarter of ``_COMPACT_AT`` (lock held)."""
+        mine = [c for c in self._ev.counters if c.name == name]
+        at = next(i for i, c in enumerate(self._ev.counters) if c.name == name)
+        one = _thinned(_merged(mine), _COMPACT_AT // 4)
+        rest = [c for c in self._ev.counters if c.name != name]
+        self._ev.counters = rest[:at] + [one] + rest[at:]
+        self._counter_held[name] = len(one.values)
 
     @property
     def tracks(self) -> tuple[str, ...]:
@@ -237,7 +269,8 @@ class Timeline:
             slices = list(self._ev.slices)
             instants = list(self._ev.instants)
             counters = list(self._ev.counters)
-        counter_tracks = _counter_tracks(counters)
+            totals = dict(self._counter_total)
+        counter_tracks = _counter_tracks(counters, totals)
         notes = [_thinning_note(t) for t in counter_tracks if t.thinned_from]
         if notes and NOTES_TRACK not in tracks:
             tracks.append(NOTES_TRACK)

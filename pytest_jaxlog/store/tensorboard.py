@@ -68,7 +68,8 @@ class TensorBoardWriter:
                               queue_bytes=self.queue_bytes, stall_s=self.stall_timeout_s)
 
     def write(self, frames: Frames) -> None:
-        assert self._schema is not None and self._bg is not None, "[jaxlog] TensorBoardWriter.write before open"
+        if self._bg is None:
+            raise WriterError(f"{self!r} is {'closed' if self._schema is not None else 'not open'}, cannot write")
         check_frames(self._schema, frames, self._last_steps)
         wall = time.time()
         for path, tags in self.tags.items():
