@@ -48,6 +48,8 @@ _EXPORTS = {
     "MemorySink": "store.sinks",
     "CSVWriter": "store.sinks",
     "CallbackSink": "store.sinks",
+    "TensorBoardWriter": "store.tensorboard",
+    "LoggingSink": "store.logsink",
     "load": "store.trajectory",
     "Trajectory": "store.trajectory",
     # invariants
@@ -109,6 +111,8 @@ if _typing.TYPE_CHECKING:  # static re-exports for type checkers and IDEs
     from .record.schedule import Schedule, at, every, window
     from .store.sink import Sink
     from .store.sinks import CSVWriter, CallbackSink, MemorySink
+    from .store.logsink import LoggingSink
+    from .store.tensorboard import TensorBoardWriter
     from .profiling.timings import CompileTracker, TimingAssertionError, Timings
     from .profiling.trace import Trace, load_trace
     from .store.trajectory import Trajectory, load

@@ -41,3 +41,12 @@ class Terminated(KeyboardInterrupt):
     def __init__(self, signum: int = 15):
         super().__init__(f"[jaxlog] terminated by signal {signum}")
         self.signum = signum
+
+
+def hide_frame_from_checks(excinfo) -> bool:
+    """A library frame's ``__tracebackhide__``: pytest leaves it out of the traceback of a failed
+    check (an invariant, golden, cost or timing assertion), so the failure shows the test's line
+    and the message; for any other exception (a bug, bad input) the frame stays, to debug.
+    ``pytest --full-trace`` shows every frame. ``excinfo``: pytest's ``ExceptionInfo`` (duck-typed:
+    the core never imports pytest)."""
+    return isinstance(getattr(excinfo, "value", None), JaxlogAssertionError)

@@ -80,3 +80,68 @@ def test_failing_checks_show_only_the_test_files_frames(pytester, style):
         crash = report.longrepr.reprcrash
         assert crash.path.endswith(path.name), (name, crash.path)  # the failure points at the test's line
         assert crash.message.startswith("pytest_jaxlog.") and f"{EXPECTED[name]}: [jaxlog]" in crash.message
+
+
+# Imported before pytester's in-process runs snapshot sys.modules (jax is imported once per process).
+import jax  # noqa: E402,F401
+import pytest_jaxlog.drive.recorder  # noqa: E402,F401
+import pytest_jaxlog.drive.run  # noqa: E402,F401
+
+VIOLATIONS = """
+import jax.numpy as jnp
+import pytest_jaxlog as jl
+
+def grow(s):
+    return s * 1.01
+
+RECORD = {"e": lambda s: jnp.sum(s)}
+CONSERVED = [jl.conserved("e", rtol=1e-3)]
+
+def test_run():
+    jl.run(grow, jnp.ones(3), 50, record=RECORD, invariants=CONSERVED, progress=False)
+
+def test_fixture_run(jaxlog):
+    jaxlog.run(grow, jnp.ones(3), 50, record=RECORD, invariants=CONSERVED)
+
+def test_recorder():
+    s = jnp.ones(3)
+    with jl.Recorder(record=RECORD, invariants=CONSERVED, flush_every=4) as rec:
+        for k in range(20):
+            rec.log(s, k)
+            s = grow(s)
+
+def test_bad_view():
+    jl.run(grow, jnp.ones(3), 5, record={"e": lambda s: s.no_such_attribute}, progress=False)
+"""
+
+
+def _library_lines(lines):
+    return [line for line in lines if "pytest_jaxlog/" in line or "pytest_jaxlog\\\\" in line]
+
+
+def test_failing_invariants_show_the_tests_line_and_no_library_source(pytester):
+    """380 lines, 317 of them library source, before the driver's frames were hidden."""
+    pytester.makepyfile(test_violations=VIOLATIONS)
+    result = pytester.runpytest("-p", "no:cacheprovider", "--tb=auto", "-k", "not bad_view")
+    result.assert_outcomes(failed=3)
+    out = result.outlines
+    assert _library_lines(out) == []
+    source = (pytester.path / "test_violations.py").read_text().splitlines()
+    for test, call in (("test_run", "    jl.run(grow"), ("test_fixture_run", "    jaxlog.run("),
+                       ("test_recorder", "            rec.log(")):
+        line = next(i for i, text in enumerate(source, 1) if text.startswith(call))
+        result.stdout.fnmatch_lines([f"*_ {test} _*", f"test_violations.py:{line}: InvariantViolation"])
+    assert sum("InvariantViolation: [jaxlog] invariant conserved(e, rtol=0.001) violated at step 1" in line
+               for line in out) == 3
+    assert len(out) < 120, "\n".join(out)  # three failures and the plugin's summary
+
+
+def test_full_trace_shows_the_library_frames_and_other_errors_keep_them(pytester):
+    pytester.makepyfile(test_violations=VIOLATIONS)
+    full = pytester.runpytest("-p", "no:cacheprovider", "--full-trace", "-k", "test_run")
+    full.assert_outcomes(failed=1)
+    assert any("pytest_jaxlog/drive/run.py" in line for line in full.outlines)
+    # not a failed check but a bad view: the library's frames stay, to see where it went wrong
+    bug = pytester.runpytest("-p", "no:cacheprovider", "--tb=short", "-k", "bad_view")
+    bug.assert_outcomes(failed=1)
+    assert any("pytest_jaxlog/drive/run.py" in line for line in bug.outlines)

@@ -109,7 +109,7 @@ class ProgressLogger:
 
     SHOWN_RECORDS = 3
 
-    def __init__(self, total: int | None, postfix: Callable[[Any], Any] | None = None, *, enabled: bool | None = None,
+    def __init__(self, total: int | None, postfix: Callable[[Any], Any] | list[str] | None = None, *, enabled: bool | None = None,
                  desc: str | None = None, file: Any = None, mininterval: float = 0.1):
         self.total = total
         self.postfix = postfix
@@ -119,6 +119,7 @@ class ProgressLogger:
         self.mininterval = mininterval
         self.bar = None
         self._last_postfix = -float("inf")
+        self._shown: dict[str, Any] = {}
 
     def __enter__(self):
         if self.enabled and self.bar is None:
@@ -143,19 +144,34 @@ class ProgressLogger:
             self.bar.refresh()
 
     def show(self, frames: Any) -> None:
-        """The latest recorded values beside the bar (``jl.run`` calls it per chunk of frames)."""
+        """The latest recorded values beside the bar (``jl.run`` calls it per chunk of frames); a
+        record not in this batch (a sparser schedule) keeps its last value."""
         if self.bar is None or callable(self.postfix) or not len(frames):
-            return
-        now = time.monotonic()
-        if now - self._last_postfix < self.mininterval:
             return
         names = list(self.postfix) if self.postfix is not None else [
             p for p in frames if frames.values[p].ndim == 1 and frames.values[p].dtype.kind in "biuf"
         ][: self.SHOWN_RECORDS]
-        shown = {p: _scalar(frames.values[p][-1]) for p in names if p in frames.values and len(frames.values[p])}
-        if shown:
+        self._shown.update({p: frames.values[p][-1] for p in names if p in frames.values and len(frames.values[p])})
+        now = time.monotonic()
+        if self._shown and now - self._last_postfix >= self.mininterval:
             self._last_postfix = now
-            self.bar.set_postfix(shown, refresh=False)
+            self.bar.set_postfix({p: _scalar(v) for p, v in self._shown.items()}, refresh=False)
+
+    def for_run(self, schema: Any) -> "ProgressLogger":
+        """Check ``postfix`` against what ``jl.run`` records (before any step runs): record names
+        become the scalar leaf paths they name; a view of the state is refused, with what to do."""
+        if callable(self.postfix):
+            raise JaxlogError(
+                f"jl.run(progress=ProgressLogger(postfix={getattr(self.postfix, '__name__', self.postfix)!r})): jl.run "
+                "cannot show a view of the state (the state stays on the device inside the compiled loop); record "
+                "the value and name it: jl.run(..., record={'ke': view}, progress=['ke']) or "
+                "ProgressLogger(total, postfix=['ke'])")
+        if self.postfix is not None:
+            from ..store.scalars import scalar_paths
+
+            self.postfix = list(scalar_paths(schema, self.postfix, "jl.run(progress=...)", kind="the progress bar",
+                                             advice="record a scalar view of it"))
+        return self
 
     def advance(self, step: int, state: Any = None) -> None:
         """Move the bar to ``step`` (used by ``jl.run`` once per chunk)."""
@@ -178,6 +194,22 @@ class ProgressLogger:
         if self.bar is None and self.enabled:
             raise JaxlogError("ProgressLogger.log() called outside `with`")
         self.advance(step, state)
+
+
+def progress_for_run(progress: Any, steps: int | None, schema: Any) -> ProgressLogger | None:
+    """``jl.run(progress=...)``: False (none), True (always shown), None (shown on a terminal),
+    record names (their latest values beside the bar, on a terminal) or a ProgressLogger."""
+    if progress is False:
+        return None
+    if isinstance(progress, ProgressLogger):
+        return progress.for_run(schema)
+    if callable(progress):
+        return ProgressLogger(steps, postfix=progress).for_run(schema)  # refused, with what to do
+    if isinstance(progress, str):
+        progress = [progress]
+    if isinstance(progress, (list, tuple)):
+        return ProgressLogger(steps, postfix=list(progress), desc="jaxlog").for_run(schema)
+    return ProgressLogger(steps, enabled=True if progress is True else None, desc="jaxlog")
 
 
 def _scalar(v: Any) -> Any:

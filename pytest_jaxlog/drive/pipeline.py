@@ -165,10 +165,11 @@ class Pipeline:
             else:
                 continue
             if v.ndim == 1:
-                self.timeline.counter_series(p, ts, v.astype(np.float64))
+                self.timeline.counter_series(p, ts, v.astype(np.float64), steps=frames.steps[p])
             elif batched and v.ndim == 2:
                 for s in range(min(v.shape[1], MAX_SYSTEM_COUNTERS)):
-                    self.timeline.counter_series(f"{p}[system {s}]", ts, v[:, s].astype(np.float64))
+                    self.timeline.counter_series(f"{p}[system {s}]", ts, v[:, s].astype(np.float64),
+                                                 steps=frames.steps[p])
 
 
 def _user_stacklevel() -> int:

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..errors import JaxlogError, JaxlogRuntimeWarning
+from ..errors import JaxlogError, JaxlogRuntimeWarning, hide_frame_from_checks
 from ..logs import unheard, unheard_count
 from ..profiling.timeline import now_ns
 from ..profiling.timings import CompileTracker
@@ -120,6 +120,7 @@ class Recorder:
 
     def log(self, state: Any, step: int, *, logs: Mapping[str, Any] | None = None) -> None:
         """Record ``state`` as step ``step``; ``logs``: what ``jl.spool(step)`` returned beside it."""
+        __tracebackhide__ = hide_frame_from_checks
         if not self._active:
             raise JaxlogError("Recorder.log() called outside `with recorder:` (enter it first; it opens the sinks)")
         step = _step_label(step)
@@ -191,6 +192,7 @@ class Recorder:
             self._flush()
 
     def __exit__(self, exc_type, exc, tb):
+        __tracebackhide__ = hide_frame_from_checks
         if not self._active:
             return False
         self._active = False
@@ -335,6 +337,7 @@ class Recorder:
         self._pending = any(self._steps)
 
     def _flush(self, check: bool = True) -> None:
+        __tracebackhide__ = hide_frame_from_checks
         if not self._pending:
             return
         frames, live = self._frames()
@@ -353,6 +356,7 @@ class Recorder:
 
     def _violated(self, new: list) -> None:
         """New violations from one flush, earliest first (the pipeline's ``first`` is the run's first)."""
+        __tracebackhide__ = hide_frame_from_checks
         self.violation = self._pipe.first
         if self.on_violation == "raise":
             v = new[0]

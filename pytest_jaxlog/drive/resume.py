@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import JaxlogError
+from ..errors import JaxlogError, hide_frame_from_checks
 from ..record.records import normalize_records
 from ..record.schedule import check_count
 from .checkpoint import prepare, rebuild_state
@@ -30,6 +30,7 @@ def resume(path: str | os.PathLike, step: Callable, steps: int, *, like: Any = N
     """
     from ..store.hdf5 import HDF5Writer
 
+    __tracebackhide__ = hide_frame_from_checks
     steps = check_count(steps, "steps", minimum=0)
     for taken in ("state", "start_step", "_resume"):
         if taken in kwargs:

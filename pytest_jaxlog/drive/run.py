@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..check.invariants import as_list, check_on_violation
-from ..errors import JaxlogError
+from ..errors import JaxlogError, hide_frame_from_checks
 from ..profiling.timeline import now_ns
 from ..profiling.timings import CompileTracker
 from ..profiling.window import check_windows
@@ -32,7 +32,7 @@ from .checkpoint import META, CheckpointMeta, ResumePoint, check_against, copy_a
     step_name
 from .checkpoint import NAME as CHECKPOINT
 from .compiles import run_timings
-from .loggers import ProgressLogger
+from .loggers import progress_for_run
 from .memo import memo, remember
 from .pipeline import Pipeline, Span
 from .postmortem import replay
@@ -321,6 +321,7 @@ def run(step: Callable, state: Any, steps: int, *, record: Any = None, invariant
     was donated, the newest state computed (``steps_done`` then says which step it is; the sinks'
     ``steps_done`` is the last written step).
     """
+    __tracebackhide__ = hide_frame_from_checks
     steps = check_count(steps, "steps", minimum=0)
     start_step = check_count(start_step, "start_step", minimum=0)
     if start_step + steps >= 2**31:
@@ -353,6 +354,7 @@ def run(step: Callable, state: Any, steps: int, *, record: Any = None, invariant
 
 
 def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) -> Run:
+    __tracebackhide__ = hide_frame_from_checks
     start_step, end, key = cfg.start_step, cfg.end, cfg.key
     windows = check_windows(cfg.profile, end, start_step) if cfg.profile is not None else ()
     state = _as_arrays(state)
@@ -363,6 +365,7 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
                       n_invariants=len(cfg.invariants))
     resolved = _resolve(cfg, state)
     plan, schema, shapes = resolved.plan, resolved.schema, resolved.shapes
+    progress_bar = progress_for_run(cfg.progress, cfg.steps, schema)  # names checked before any step runs
     if cfg.resume is not None:
         check_against(cfg.resume, step_fn=cfg.step, schema=schema, state=state, key=cfg.key, dt=cfg.dt,
                       n_invariants=len(cfg.invariants))
@@ -526,7 +529,7 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
             stopped = kept.one(_resume_into(cfg, pipe, schema, np.asarray(stopped), systems_done))
         cur = _copy_tree(state) if use_donate else state
         written_state = cur if not use_donate else None
-        bar = pipe.progress = _progress(cfg.progress, cfg.steps)
+        bar = pipe.progress = progress_bar
         if bar is not None:
             bar.__enter__()
         stop = False
@@ -862,11 +865,3 @@ def _check_carry(state, new_shape, cfg: RunConfig) -> None:
         if tuple(x.shape) != tuple(y.shape) or x.dtype != y.dtype:
             raise JaxlogError(f"the step function changed state leaf {jax.tree_util.keystr(kp)}: "
                               f"{x.dtype}{list(x.shape)} -> {y.dtype}{list(y.shape)}")
-
-
-def _progress(progress, steps):
-    if progress is False:
-        return None
-    if isinstance(progress, ProgressLogger):
-        return progress
-    return ProgressLogger(steps, enabled=True if progress is True else None, desc="jaxlog")

@@ -172,10 +172,30 @@ class JaxlogFixture:
         """A violation of one of our runs: its message and JSON name that run's files (not other runs')."""
         if violation is None:
             return
+        self._plot(violation, name)
         files = self._run_files(name)
         if files and hasattr(violation, "with_artifacts"):
             violation.with_artifacts({k: self._session.display(p) for k, p in files.items()})
         self._state.note_violation(violation, files)
+
+    def _plot(self, violation: Any, name: str) -> None:
+        """A PNG of the violation beside its run's files (manifest artifact ``plot``); without
+        matplotlib, a note in the failure's report says how to get one."""
+        from ..check.plot import HOW_TO_PLOT, have_matplotlib, plot_violation
+        from ..store.trajectory import load
+
+        trajectory = self._run_files(name).get("trajectory")
+        if trajectory is None or not hasattr(violation, "record"):
+            return
+        if not have_matplotlib():
+            self._state.notes.append(f"no plot of the violation: {HOW_TO_PLOT}")
+            return
+        try:
+            plot = plot_violation(load(trajectory), violation, self._file(name, "-violation.png"))
+        except Exception as e:  # a plot that cannot be drawn must not hide the test's own failure
+            warnings.warn(JaxlogRuntimeWarning(f"[jaxlog] could not plot the violation: {e!r}"), stacklevel=3)
+            return
+        self._add({"plot": plot}, name)
 
     def _note_timings(self, obj: Any, name: str) -> None:
         if obj is None or any(o is obj for o in self._timed):
@@ -190,8 +210,10 @@ class JaxlogFixture:
         """``jl.run`` writing ``<dir>/<name or trajectory[-i]>.h5`` and a ``.pftrace`` timeline; the profile
         window, progress bar, chunk size and violation policy default to the marker/options."""
         from ..drive.run import run as jl_run
+        from ..errors import hide_frame_from_checks
         from ..store.hdf5 import HDF5Writer
 
+        __tracebackhide__ = hide_frame_from_checks
         name = self._name(name)
         writer = HDF5Writer(self._file(name, ".h5"), **(writer_kwargs or {}))
         window = self._window(profile, name, steps, kwargs.get("start_step", 0))

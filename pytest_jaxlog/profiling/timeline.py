@@ -7,6 +7,12 @@ run goes; ``write(path)`` turns them into a ``.pftrace`` (built with the ``perfe
 ``TYPE_SLICE_BEGIN``/``TYPE_SLICE_END`` pairs, instants for violations, and one counter track per
 scalar record. Times are ``time.perf_counter_ns()`` nanoseconds.
 
+Counter samples carry their step number (a ``step`` annotation). Why a long run's counters are
+thinned: a sample costs ~40 bytes, so a 60,000-step run with a few scalar records would make the
+timeline larger than the trajectory, which holds every value anyway. A counter track keeps at
+most ``MAX_COUNTER_SAMPLES``: beyond that, the lowest and the highest sample of each stretch of
+steps (a spike or a NaN stays visible), and an instant on the ``timeline`` track says so.
+
 One track should be written by one actor at a time (slices on a track must nest); give each
 thread its own track, as the writer thread does.
 """
@@ -23,7 +29,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-__all__ = ["Timeline", "now_ns", "STEP_SLICE", "TRACKS"]
+__all__ = ["Timeline", "now_ns", "STEP_SLICE", "TRACKS", "MAX_COUNTER_SAMPLES"]
 
 #: Name of the per-step slice, in our trace and in JAX's (``StepTraceAnnotation("jaxlog_step")``).
 STEP_SLICE = "jaxlog_step"
@@ -31,6 +37,13 @@ STEP_SLICE = "jaxlog_step"
 TRACKS = ("dispatch", "host", "writer", "compile", "window steps", "invariants")
 
 _SEQ_ID = 1
+#: The most samples one counter track keeps in a written trace (see the module's docstring).
+MAX_COUNTER_SAMPLES = 2000
+#: The instant that says a counter track was thinned, on this track.
+NOTES_TRACK = "timeline"
+#: While a run goes, a counter track holding this many samples is thinned to a quarter of it, so
+#: the timeline's memory stays bounded for any run length (the written trace is thinned further).
+_COMPACT_AT = 16 * MAX_COUNTER_SAMPLES
 
 
 def now_ns() -> int:
@@ -60,6 +73,7 @@ class _Counter:
     ts_ns: np.ndarray
     values: np.ndarray
     unit: str | None = None
+    steps: np.ndarray | None = None  # the step of each sample (-1: not known)
 
 
 @dataclass
@@ -82,6 +96,68 @@ def _annotate(ann: Any, key: str, value: Any) -> None:
         ann.string_value = str(value)
 
 
+@dataclass
+class _CounterTrack:
+    """One counter track as written: its samples in order, thinned to ``MAX_COUNTER_SAMPLES``."""
+
+    name: str
+    ts_ns: np.ndarray
+    values: np.ndarray
+    steps: np.ndarray  # -1 where not known
+    thinned_from: int = 0  # the number of samples before thinning (0: none dropped)
+
+
+def _merged(series: list[_Counter]) -> _Counter:
+    """One track's series as one, in order (steps -1 where a series had none)."""
+    steps = [np.full(len(c.values), -1, np.int64) if c.steps is None else c.steps for c in series]
+    return _Counter(series[0].name, np.concatenate([c.ts_ns for c in series]),
+                    np.concatenate([c.values for c in series]), series[0].unit, np.concatenate(steps))
+
+
+def _thinned(c: _Counter, limit: int) -> _Counter:
+    keep = _extremes(c.values, c.steps if (c.steps >= 0).all() else c.ts_ns, limit)
+    return _Counter(c.name, c.ts_ns[keep], c.values[keep], c.unit, c.steps[keep])
+
+
+def _counter_tracks(counters: list[_Counter], totals: dict[str, int]) -> list[_CounterTrack]:
+    """The tracks as written; ``totals``: samples recorded per track (more than held, once compacted)."""
+    by_name: dict[str, list[_Counter]] = {}
+    for c in counters:
+        by_name.setdefault(c.name, []).append(c)
+    out = []
+    for name, series in by_name.items():
+        c = _merged(series)
+        total = max(totals.get(name, 0), len(c.values))
+        if len(c.values) > MAX_COUNTER_SAMPLES:
+            c = _thinned(c, MAX_COUNTER_SAMPLES)
+        out.append(_CounterTrack(name, c.ts_ns, c.values, c.steps, thinned_from=total if total > len(c.values) else 0))
+    return out
+
+
+def _thinning_note(track: _CounterTrack) -> _Instant:
+    """The instant that says, in the trace, that a counter track shows fewer samples than recorded."""
+    return _Instant(NOTES_TRACK, "counter downsampled", int(track.ts_ns[-1]),
+                    {"counter": track.name, "samples": track.thinned_from, "kept": len(track.values),
+                     "kept samples": "the first, the last, and the lowest and highest of each stretch of steps"})
+
+
+def _extremes(values: np.ndarray, where: np.ndarray, limit: int) -> np.ndarray:
+    """Indices of at most ``limit`` samples, in order: the first, the last, and the lowest and the
+    highest of each of ``(limit - 2) // 2`` equal stretches of ``where`` (increasing steps or
+    times, so samples thinned before count by the span they cover, not by how many are left);
+    argmin/argmax point at a NaN if there is one."""
+    n = len(values)
+    where = where.astype(np.float64)
+    edges = np.linspace(where[0], where[-1], max(1, (limit - 2) // 2) + 1)
+    cuts = np.searchsorted(where, edges[1:-1], side="right")
+    keep = [0, n - 1]
+    for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), n]):
+        if hi > lo:
+            part = values[lo:hi]
+            keep += [lo + int(np.argmin(part)), lo + int(np.argmax(part))]
+    return np.unique(np.array(keep, np.int64))
+
+
 class Timeline:
     """Collects slices, instants and counter series from any thread; ``write`` makes a ``.pftrace``."""
 
@@ -90,6 +166,8 @@ class Timeline:
         self._lock = threading.Lock()
         self._ev = _Events()
         self._counter_last: dict[str, int] = {}
+        self._counter_total: dict[str, int] = {}  # samples recorded per counter track
+        self._counter_held: dict[str, int] = {}  # of which held now (fewer once compacted)
 
     # -- collecting ---------------------------------------------------------------------------
     def _track(self, track: str) -> None:
@@ -121,8 +199,10 @@ class Timeline:
             self._ev.instants.append(_Instant(track, name, now_ns() if ts_ns is None else int(ts_ns),
                                               dict(args) if args else None))
 
-    def counter_series(self, name: str, ts_ns: Any, values: Any, unit: str | None = None) -> None:
-        """Append points to the counter track ``name`` (e.g. energy against time).
+    def counter_series(self, name: str, ts_ns: Any, values: Any, unit: str | None = None, *,
+                       steps: Any = None) -> None:
+        """Append points to the counter track ``name`` (e.g. energy against time); ``steps``: the
+        step number of each point, written beside it.
 
         Points are in record order: each series is placed strictly after the track's previous
         points (its timestamps that are not are moved up to just after them), so a counter never shows
@@ -133,6 +213,9 @@ class Timeline:
         vals = np.asarray(values, dtype=np.float64).reshape(-1)
         if ts.shape != vals.shape:
             raise ValueError(f"[jaxlog] counter {name!r}: {ts.size} timestamps for {vals.size} values")
+        step_arr = None if steps is None else np.asarray(steps, dtype=np.int64).reshape(-1)
+        if step_arr is not None and step_arr.shape != vals.shape:
+            raise ValueError(f"[jaxlog] counter {name!r}: {step_arr.size} steps for {vals.size} values")
         if not ts.size:
             return
         ramp = np.arange(ts.size, dtype=np.int64)
@@ -142,7 +225,21 @@ class Timeline:
             if last is not None and ts[0] <= last:  # squeeze the overlap (no drift across chunks)
                 ts = np.maximum(ts, last + 1 + ramp)
             self._counter_last[name] = int(ts[-1])
-            self._ev.counters.append(_Counter(name, ts.copy(), vals.copy(), unit))
+            self._ev.counters.append(_Counter(name, ts.copy(), vals.copy(), unit,
+                                              None if step_arr is None else step_arr.copy()))
+            self._counter_total[name] = self._counter_total.get(name, 0) + len(vals)
+            self._counter_held[name] = self._counter_held.get(name, 0) + len(vals)
+            if self._counter_held[name] > _COMPACT_AT:
+                self._compact(name)
+
+    def _compact(self, name: str) -> None:
+        """Thin the samples held for counter ``name`` to a quarter of ``_COMPACT_AT`` (lock held)."""
+        mine = [c for c in self._ev.counters if c.name == name]
+        at = next(i for i, c in enumerate(self._ev.counters) if c.name == name)
+        one = _thinned(_merged(mine), _COMPACT_AT // 4)
+        rest = [c for c in self._ev.counters if c.name != name]
+        self._ev.counters = rest[:at] + [one] + rest[at:]
+        self._counter_held[name] = len(one.values)
 
     @property
     def tracks(self) -> tuple[str, ...]:
@@ -172,6 +269,12 @@ class Timeline:
             slices = list(self._ev.slices)
             instants = list(self._ev.instants)
             counters = list(self._ev.counters)
+            totals = dict(self._counter_total)
+        counter_tracks = _counter_tracks(counters, totals)
+        notes = [_thinning_note(t) for t in counter_tracks if t.thinned_from]
+        if notes and NOTES_TRACK not in tracks:
+            tracks.append(NOTES_TRACK)
+        instants += notes
 
         builder = TraceProtoBuilder()
         pid = os.getpid()
@@ -241,9 +344,9 @@ class Timeline:
                 pending.append((spill[0].track, spill))
         for ins in instants:
             events.append((ins.ts_ns, ("I", ins)))
-        for c in counters:
-            for t, v in zip(c.ts_ns.tolist(), c.values.tolist()):
-                events.append((int(t), ("C", (c.name, v))))
+        for counter in counter_tracks:
+            for t, v, k in zip(counter.ts_ns.tolist(), counter.values.tolist(), counter.steps.tolist()):
+                events.append((int(t), ("C", (counter.name, v, k))))
         events.sort(key=lambda e: e[0])
 
         for ts, (kind, obj) in events:
@@ -261,10 +364,12 @@ class Timeline:
                 te.type = pb.TrackEvent.TYPE_SLICE_END
                 te.track_uuid = track_uuid[obj]
             else:
-                name, value = obj
+                name, value, step = obj
                 te.type = pb.TrackEvent.TYPE_COUNTER
                 te.track_uuid = counter_uuid[name]
                 te.double_counter_value = float(value)
+                if step >= 0:
+                    _annotate(te.debug_annotations.add(), "step", step)
         return builder.trace
 
     def write(self, path: str | os.PathLike) -> Path:

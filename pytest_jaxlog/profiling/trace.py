@@ -52,6 +52,8 @@ class Trace:
     all_instants: list[Slice] = field(default_factory=list)
     counters: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     tracks: tuple[str, ...] = ()
+    #: per counter track, the step of each sample (our ``.pftrace``: -1 where the trace does not say)
+    counter_steps: dict[str, np.ndarray] = field(default_factory=dict)
 
     def slices(self, name: str | None = None, *, track: str | None = None) -> list[Slice]:
         """Slices called ``name`` (all when None), optionally on one track, by start time."""
@@ -228,6 +230,7 @@ def _load_pftrace(data: bytes, path: Path | None) -> Trace:
     instants: list[Slice] = []
     stacks: dict[int, list[tuple[int, str, dict]]] = {}
     counters: dict[str, list[tuple[float, float]]] = {}
+    counter_steps: dict[str, list[int]] = {}
     for p in trace.packet:
         if not p.HasField("track_event"):
             continue
@@ -247,11 +250,12 @@ def _load_pftrace(data: bytes, path: Path | None) -> Trace:
         elif te.type == pb.TrackEvent.TYPE_COUNTER:
             value = te.double_counter_value if te.HasField("double_counter_value") else float(te.counter_value)
             counters.setdefault(tname, []).append((p.timestamp * 1e-9, value))
+            counter_steps.setdefault(tname, []).append(int(args.get("step", -1)))
     slices.sort(key=lambda s: s.start_s)
     tracks = tuple(names[u] for u in names if u not in is_counter)
     return Trace(path, "pftrace", slices, instants,
                  {k: (np.array([t for t, _ in v]), np.array([x for _, x in v])) for k, v in counters.items()},
-                 tracks)
+                 tracks, {k: np.array(v, np.int64) for k, v in counter_steps.items()})
 
 
 def load_trace(path: str | os.PathLike) -> Trace:

@@ -13,6 +13,7 @@ from ..store.dtypes import check_frames, check_leaf_dtype, to_host
 from ..errors import JaxlogError, WriterError
 from ..record.frames import Frames, Schema
 from .sink import Sink
+from .scalars import rows_by_step, scalar_paths
 
 
 class MemorySink(Sink):
@@ -117,25 +118,7 @@ class CSVWriter(Sink):
         self._last_steps: dict[str, int] = {}
 
     def open(self, schema: Schema, meta: dict[str, Any]) -> None:
-        base = () if not schema.batched else (schema.n_systems,)
-
-        def scalar(path: str) -> bool:
-            return tuple(schema[path].shape) == base
-
-        if self.records is None:
-            paths = tuple(p for p in schema.paths if scalar(p))
-            if not paths:
-                raise JaxlogError(f"CSVWriter({self.path}): no scalar records to write (recorded: "
-                                  f"{', '.join(schema.paths) or '(none)'})")
-        else:
-            paths = tuple(p for name in self.records for p in schema.resolve(name))
-            for p in paths:
-                if not scalar(p):
-                    per = "per system " if schema.batched else ""
-                    raise JaxlogError(
-                        f"CSVWriter({self.path}): record {p!r} has shape {tuple(schema[p].shape)}; CSV takes "
-                        f"scalar records only ({per}shape {base}); write it with HDF5Writer"
-                    )
+        paths = scalar_paths(schema, self.records, f"CSVWriter({self.path})")
         self._schema = schema
         self.columns = tuple(["step"] + (["system"] if schema.batched else []) +
                              (["time"] if schema.dt is not None else []) + list(paths))
@@ -198,14 +181,19 @@ class CSVWriter(Sink):
 
 class CallbackSink(Sink):
     """Calls ``fn(frames)`` per batch (and ``on_open(schema, meta)``, ``on_close(status, steps_done,
-    violation)`` if given). An exception in a callback surfaces as WriterError, chained."""
+    violation)`` if given). An exception in a callback surfaces as WriterError, chained.
 
-    def __init__(self, fn: Callable[[Frames], Any], *, on_open: Callable | None = None,
+    ``rows=True``: calls ``fn(step, rows)`` per recorded step instead, ``rows`` one dict per system
+    (one in unbatched runs) of the scalar records scheduled at that step, as Python numbers."""
+
+    def __init__(self, fn: Callable[..., Any], *, rows: bool = False, on_open: Callable | None = None,
                  on_close: Callable | None = None, on_attach: Callable | None = None):
         if not callable(fn):
             raise JaxlogError(f"CallbackSink(fn): fn must be callable, got {fn!r}")
         self.fn, self.on_open, self.on_close, self.on_attach = fn, on_open, on_close, on_attach
+        self.rows = bool(rows)
         self.schema: Schema | None = None
+        self._paths: tuple[str, ...] = ()
 
     def _call(self, what: str, f: Callable, *args: Any, **kwargs: Any) -> None:
         try:
@@ -216,13 +204,21 @@ class CallbackSink(Sink):
 
     def open(self, schema: Schema, meta: dict[str, Any]) -> None:
         self.schema = schema
+        if self.rows:
+            name = getattr(self.fn, "__qualname__", repr(self.fn))
+            self._paths = scalar_paths(schema, None, f"CallbackSink({name}, rows=True)")
         if self.on_open is not None:
             self._call("on_open", self.on_open, schema, meta)
 
     def write(self, frames: Frames) -> None:
         if self.schema is not None:
             check_frames(self.schema, frames)
-        self._call("write", self.fn, frames)
+        if not self.rows:
+            self._call("write", self.fn, frames)
+            return
+        n_systems = self.schema.n_systems if self.schema is not None and self.schema.batched else None
+        for step, rows in rows_by_step(frames, self._paths, n_systems):
+            self._call("write", self.fn, step, rows)
 
     def attach(self, name: str, step: int, tree: dict[str, np.ndarray], *, key_impls: dict | None = None) -> None:
         if self.on_attach is not None:

@@ -1,0 +1,121 @@
+"""A picture of an invariant violation: the violating record against its steps, the bound or the
+conserved value (with its tolerance band), and the first bad step marked.
+
+Why: a person reading a failed CI job sees at a glance whether energy drifted slowly, jumped at
+one step or went NaN, without downloading the trajectory. matplotlib is optional (the ``plot``
+extra); figures are drawn with its object API and the Agg canvas, never pyplot, so drawing
+touches no global backend state of the user's.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import JaxlogError
+
+#: What a failure says when matplotlib is missing.
+HOW_TO_PLOT = "pip install 'pytest-jaxlog[plot]' (matplotlib) to get a plot of each failing invariant"
+MAX_LINES = 16  # elements of a non-scalar record drawn at most
+
+_BOUND = re.compile(r"^(?:in \[(?P<lo>[^,\]]+), (?P<hi>[^\]]+)\]|>= (?P<ge>\S+)|<= (?P<le>\S+))$")
+
+
+def have_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def plot_violation(trajectory: Any, violation: Any, path: str | os.PathLike) -> Path:
+    """Draw ``violation`` (a ``jl.InvariantViolation``) from ``trajectory`` (``jl.load`` or
+    ``run.trajectory``) into ``path`` (PNG or SVG by its suffix) and return the path."""
+    fig = draw_violation(trajectory, violation)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    return path
+
+
+def draw_violation(trajectory: Any, violation: Any) -> Any:
+    """The violation's figure (a ``matplotlib.figure.Figure`` on an Agg canvas)."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise JaxlogError(f"no plot of the violation: {HOW_TO_PLOT}") from exc
+    record = violation.record
+    steps = np.asarray(trajectory.steps(record))
+    values = _series(np.asarray(trajectory[record]), violation)
+    fig = Figure(figsize=(8, 4.5), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    element = "" if violation.index is None else "[" + ", ".join(map(str, violation.index)) + "]"
+    label = record + element + ("" if violation.system is None else f" (system {violation.system})")
+    for j in range(values.shape[1]):
+        ax.plot(steps, values[:, j], lw=1.2 if values.shape[1] == 1 else 0.8, label=label if j == 0 else None)
+    _reference(ax, violation)
+    bad = violation.step
+    ax.axvline(bad, color="tab:red", ls="--", lw=1, label=f"first bad step {bad}")
+    value = _number(violation.value)
+    if value is not None and math.isfinite(value):
+        ax.plot([bad], [value], "o", color="tab:red", ms=6)
+    ax.set_xlabel("step")
+    ax.set_ylabel(record)
+    ax.set_title(_wrap(str(violation).splitlines()[0]), fontsize=9)
+    ax.legend(fontsize=8, loc="best")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def _series(values: np.ndarray, violation: Any) -> np.ndarray:
+    """The violating system's (and element's) values as ``[steps, lines]``."""
+    if violation.system is not None and values.ndim > 1:
+        values = values[:, violation.system]
+    if violation.index is not None and values.ndim > 1:
+        values = values[(slice(None), *violation.index)]
+    values = values.reshape(len(values), -1)[:, :MAX_LINES]
+    if np.iscomplexobj(values):
+        values = np.abs(values)
+    return values.astype(np.float64)
+
+
+def _reference(ax: Any, violation: Any) -> None:
+    """The conserved value and its band, or the bounds, when the violation says them."""
+    expected = _number(violation.expected)
+    if expected is not None:
+        ax.axhline(expected, color="tab:green", lw=1, label=f"expected {expected:.6g}")
+        tol = violation.tolerance
+        if tol:
+            ax.axhspan(expected - tol, expected + tol, color="tab:green", alpha=0.12, label=f"± {tol:.3g}")
+        return
+    found = _BOUND.match(str(violation.expected or "").strip())
+    if found is None:
+        return
+    for name in ("lo", "hi", "ge", "le"):
+        bound = _number(found.group(name))
+        if bound is not None:
+            ax.axhline(bound, color="tab:orange", lw=1, label=f"bound {bound:.6g}")
+
+
+def _number(value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        return None
+    return float(arr) if arr.ndim == 0 else None
+
+
+def _wrap(text: str, width: int = 100) -> str:
+    return "\n".join(textwrap.wrap(text, width)[:3])
