@@ -9,7 +9,7 @@ from typing import Any, Callable
 from ..errors import JaxlogError
 from ..record.schedule import check_count
 from .checkpoint import check_against, prepare, rebuild_state
-from .run import Run, run
+from .run import Run, resume_run
 
 
 def resume(path: str | os.PathLike, step: Callable, steps: int, *, like: Any = None, from_step: int | None = None,
@@ -30,7 +30,7 @@ def resume(path: str | os.PathLike, step: Callable, steps: int, *, like: Any = N
     from ..store.hdf5 import HDF5Writer
 
     steps = check_count(steps, "steps", minimum=0)
-    for taken in ("state", "start_step", "_resume"):
+    for taken in ("state", "start_step"):
         if taken in kwargs:
             raise JaxlogError(f"resume(): {taken}= comes from the file's checkpoint, not from the caller")
     found = prepare(path, from_step)
@@ -43,8 +43,8 @@ def resume(path: str | os.PathLike, step: Callable, steps: int, *, like: Any = N
         state = rebuild_state(found.checkpoint.state, found.checkpoint.key_impls, like, point.meta, where)
         extra = list(sinks) if isinstance(sinks, (list, tuple)) else [sinks]
         file_sink = HDF5Writer(Path(path), **(writer or {}))
-        result = run(step, state, steps - point.step, start_step=point.step, sinks=[file_sink, *extra],
-                     _resume=point, **kwargs)
+        result = resume_run(step, state, steps - point.step, point, start_step=point.step,
+                            sinks=[file_sink, *extra], **kwargs)
     except BaseException as exc:
         if Path(path).exists() and os.path.samefile(path, point.source):
             point.source.unlink()  # refused or failed before the file was replaced: it is as it was

@@ -11,6 +11,7 @@ from ..store.hdf5 import HDF5Writer
 from ..store.parts import PartsWriter, processes_of
 from ..store.sinks import MemorySink
 from ..store.trajectory import Trajectory, load
+from .memo import Cache
 
 
 def _takes(fn: Any, name: str) -> bool:
@@ -18,20 +19,15 @@ def _takes(fn: Any, name: str) -> bool:
     older protocol get the plain call). Answered once per function (a signature costs ~0.1 ms)."""
     target = getattr(fn, "__func__", fn)
     try:
-        return _TAKES[(target, name)]
-    except (KeyError, TypeError):
-        pass
-    answer = _signature_takes(fn, name)
-    if len(_TAKES) >= 256:  # a bound: sinks built with per-instance methods
-        _TAKES.clear()
-    try:
-        _TAKES[(target, name)] = answer
-    except TypeError:  # an unhashable callable: asked again next time
-        pass
-    return answer
+        found = _TAKES.get((target, name))
+    except TypeError:  # an unhashable callable: asked each time
+        return _signature_takes(fn, name)
+    if found is None:
+        found = _TAKES.put((target, name), _signature_takes(fn, name))
+    return found
 
 
-_TAKES: dict = {}
+_TAKES = Cache("sink signatures", keep=256)  # a bound: sinks built with per-instance methods
 
 
 def _signature_takes(fn: Any, name: str) -> bool:
