@@ -363,17 +363,20 @@ class RunLoop:
         at the violating step."""
         cfg, pipe = self.cfg, self.pipe
         self.violation = violation = pipe.first
-        self.window_artifacts = {k: v for w in self.windows for k, v in w.artifacts.items()}
         if self.systems_done is not None:
             self.systems_done[self.systems_done < 0] = self.written_step
         summary = {"stop_reason": self.stop_reason,
                    "systems_done": None if self.systems_done is None else self.systems_done.tolist()}
+        if violation is not None and cfg.on_violation == "raise" and self.pm_state is not None:
+            # state and frames end at the violating step
+            self.cur = self.written_state = self.pm_state
+            self.written_step = violation.step
+            summary["stop_reason"] = self.stop_reason = "violation"
+        for w in self.windows:  # their steps past where the run stopped did no work (until=)
+            w.settle(self.cur_step, self.written_step, self.stop_reason)
+        self.window_artifacts = {k: v for w in self.windows for k, v in w.artifacts.items()}
         if violation is not None:
             self.status = "violated"
-            if cfg.on_violation == "raise" and self.pm_state is not None:  # state and frames end at the violating step
-                self.cur = self.written_state = self.pm_state
-                self.written_step = violation.step
-                summary["stop_reason"] = self.stop_reason = "violation"
             pipe.close("violated", steps_done=self.written_step, artifacts=self.window_artifacts, summary=summary)
         else:
             self.status = "complete"

@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Protocol
 
-__all__ = ["Cache", "KEEP", "clear_caches", "register"]
+__all__ = ["Cache", "KEEP", "caches", "clear_caches", "register"]
 
 KEEP = 64  # entries per cache
 
@@ -39,13 +39,17 @@ def register(cache: Clearable) -> Clearable:
     return cache
 
 
+def caches() -> list[Clearable]:
+    """Every cache of the driver (to bound or inspect them)."""
+    with _ALL_LOCK:
+        return list(_ALL)
+
+
 def clear_caches() -> None:
     """Forget everything the driver kept between runs (resolved kernels, layouts, readers, spare
     buffers...): the next run of each kernel works it out again. For memory held by kernels no
     longer run, and for tests of the caches themselves."""
-    with _ALL_LOCK:
-        caches = list(_ALL)
-    for cache in caches:
+    for cache in caches():
         cache.clear()
 
 
