@@ -76,9 +76,3 @@ class Outcome(NamedTuple):
 
     run: Run | None
     error: BaseException | None
-
-    def result(self) -> Run:
-        """The run, or its error raised."""
-        if self.error is not None:
-            raise self.error
-        return self.run
