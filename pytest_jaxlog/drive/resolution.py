@@ -6,7 +6,7 @@ and every view costs milliseconds, which matters for short runs."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp

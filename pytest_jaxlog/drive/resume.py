@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from ..errors import JaxlogError
 from ..record.schedule import check_count
-from .checkpoint import check_against, prepare, rebuild_state
+from .checkpoint import prepare, rebuild_state
 from .run import Run, resume_run
 
 
