@@ -243,18 +243,19 @@ def _chunk_program_loop(step, state, record, steps: int, per_dispatch: int = 1, 
     time, chaining its buffers as the driver does, and does nothing else: with one step, the
     dispatch that a ``chunk=1`` run cannot avoid; with the whole run, the device program alone.
     ``initial``: the first dispatch records the initial state, as a run's first chunk does."""
-    from pytest_jaxlog.drive import program
-    from pytest_jaxlog.drive import run as driver
+    from pytest_jaxlog.drive import program, resolution
+    from pytest_jaxlog.drive.config import RunConfig
+    from pytest_jaxlog.drive.lanes import lanes_of
     from pytest_jaxlog.drive.scalars import scalars_on
 
-    lanes = driver._lanes(record, False, None)
-    cfg = driver.RunConfig(step=step, steps=steps, start_step=0, lanes=lanes, invariants=(), sinks=(), key=None,
-                           dt=None, chunk=per_dispatch, profile=None, has_aux=False, batched=False, until=None,
-                           on_violation="raise", postmortem=3, progress=None, budget=driver.DEFAULT_BUDGET,
-                           timeline=None, donate=False)
-    resolved = driver._resolve(cfg, state)
+    lanes = lanes_of(record, False, None)
+    cfg = RunConfig(step=step, steps=steps, start_step=0, lanes=lanes, invariants=(), sinks=(), key=None,
+                    dt=None, chunk=per_dispatch, profile=None, has_aux=False, batched=False, until=None,
+                    on_violation="raise", postmortem=3, progress=None, budget=resolution.DEFAULT_BUDGET,
+                    timeline=None, donate=False)
+    resolved = resolution.resolve_run(cfg, state)
     plan, shapes = resolved.plan, resolved.shapes
-    plan = driver._laid_out(plan, driver._capacity(cfg, resolved.schema), shapes, pack=True)
+    plan = resolution.laid_out(plan, resolution.capacity_of(cfg, resolved.schema), shapes, pack=True)
     per_dispatch = min(per_dispatch, plan.length)
     bufs = [program.buffers(plan, shapes)]
     kept = scalars_on(None, False)  # the dispatch's scalars kept on the device, as the driver keeps them

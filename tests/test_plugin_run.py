@@ -248,3 +248,33 @@ def test_direct(jaxlog, tmp_path):
     doc = json.loads((pytester.path / ".jaxlog/manifest.json").read_text())
     (violation,) = {e["nodeid"]: e for e in doc["tests"]}["test_r.py::test_loop"]["violations"]
     assert violation["artifacts"]["trajectory"] == "test_r.test_loop/trajectory-1.h5"  # relative to the manifest
+
+
+def test_the_manifest_notes_a_window_an_until_stop_did_not_reach(pytester):
+    """A run stopped at step 10 by until= under a marker window 50..50: no trace of steps that
+    never ran among the test's files, and the manifest entry says the window was not reached."""
+    pytester.makepyfile(test_u="""
+import jax.numpy as jnp
+import pytest
+
+def count(s):
+    return s + 1
+
+@pytest.mark.jaxlog(profile="50:50")
+def test_stops_early(jaxlog):
+    run = jaxlog.run(count, jnp.zeros((), jnp.int32), 100, record={"k": lambda s: s}, until=lambda s: s >= 10)
+    assert run.steps_done == 10 and run.stop_reason == "until"
+    assert list(run.trajectory["k"]) == list(range(11))
+    assert run.timings.window is None and "jax_trace" not in run.artifacts
+""")
+    result = pytester.runpytest("-p", "no:cacheprovider", "--jaxlog-keep=all")
+    result.assert_outcomes(passed=1)
+    doc = json.loads((pytester.path / ".jaxlog/manifest.json").read_text())
+    entry = {e["nodeid"]: e for e in doc["tests"]}["test_u.py::test_stops_early"]
+    assert entry["notes"] == ["run 'trajectory': profile window 'window' (steps 50..50) not reached: the run stopped "
+                              "at step 10 (until); no step of it ran, nothing was profiled"]
+    assert set(entry["artifacts"]) == {"trajectory", "timeline"}, entry["artifacts"]
+    assert entry["runs"][0]["stop_reason"] == "until" and entry["runs"][0]["steps"] == 10
+    kept = pytester.path / ".jaxlog" / entry["dir"]
+    assert (kept / "trajectory.h5").exists() and not list(kept.rglob("*.trace.json.gz"))
+    assert not jl.load_trace(kept / "trajectory.pftrace").steps()

@@ -134,3 +134,51 @@ def test_window_steps_include_their_device_work(tmp_path):
         assert inside, f"no device op inside window step {s.args['step_num']}"
         assert max(o.end_s for o in inside) <= s.end_s, f"step {s.args['step_num']} ended before its device work"
     assert run.timings.window.shape == (4,) and (run.timings.window > 0).all()
+
+
+def _stops_at(n):
+    return lambda s: s[0] >= n
+
+
+def test_a_window_past_an_until_stop_reports_no_step_and_says_it_was_not_reached(tmp_path, kernel):
+    """The run stops at step 10 (until=) with a window 50..50: the chunk dispatched ahead ran the
+    window's step as a dispatch that did no work. Nothing of it is reported: no trace, no
+    per-step seconds, no window slice on the timeline, and the window says it was not reached."""
+    step, state, energies = kernel
+    counter = (jnp.zeros((), jnp.int32), state)
+
+    def counted(s):
+        return s[0] + 1, step(s[1])
+
+    win, tl = jl.ProfileWindow(50, 50, tmp_path / "prof"), Timeline()
+    run = jl.run(counted, counter, 100, record={"k": lambda s: s[0]}, until=_stops_at(10), profile=win, timeline=tl)
+    assert (run.steps_done, run.stop_reason) == (10, "until")
+    np.testing.assert_array_equal(run.trajectory["k"], np.arange(11))  # the plain count: steps 0..10 ran
+    assert win.done and not win.reached and len(win.ran) == 0
+    assert win.note == ("profile window 'window' (steps 50..50) not reached: the run stopped at step 10 (until); "
+                        "no step of it ran, nothing was profiled")
+    assert run.artifacts == {} and win.artifacts == {} and run.timings.window is None
+    assert not win.session_dir.exists()
+    back = load_trace(tl.write(tmp_path / "run.pftrace"))
+    assert not back.steps() and not back.slices(track="window steps")
+
+
+def test_a_window_cut_by_an_until_stop_reports_only_its_steps_that_ran(tmp_path, kernel):
+    step, state, energies = kernel
+    counter = (jnp.zeros((), jnp.int32), state)
+
+    def counted(s):
+        return s[0] + 1, step(s[1])
+
+    win, tl = jl.ProfileWindow(50, 55, tmp_path / "prof"), Timeline()
+    run = jl.run(counted, counter, 100, record={"k": lambda s: s[0]}, until=_stops_at(52), profile=win, timeline=tl,
+                 chunk=7)
+    assert (run.steps_done, run.stop_reason) == (52, "until")
+    assert list(win.ran) == [50, 51] and win.reached
+    assert "partly reached: the run stopped at step 52 (until); only steps 50..51 ran" in win.note
+    assert run.timings.window.shape == (2,) and win.step_seconds().shape == (2,)
+    assert sorted(load_trace(run.artifacts["jax_trace"]).steps()) == [50, 51, 52, 53, 54, 55]  # the raw trace
+    back = load_trace(tl.write(tmp_path / "run.pftrace"))
+    assert sorted(back.steps()) == [50, 51]  # what the run reports: the steps that ran
+    assert win.note is not None and jl.ProfileWindow(0, 1, tmp_path).note is None
+

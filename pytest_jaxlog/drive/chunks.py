@@ -25,6 +25,7 @@ as it is full), a partly filled one as the rows used.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ import numpy as np
 
 from ..record.frames import Frames, concat_values
 from . import program
-from .memo import memo
+from .memo import Cache, register
 from .program import Plan
 
 MAX_WAITING = 256  # chunks written into the set being filled, at most, before it is pulled
@@ -43,8 +44,6 @@ FEED_INTERVAL_S = 0.05  # pull at least this often (progress, until=, invariants
 POOL_BYTES = 64 * 2**20  # spare record buffers kept between runs
 _SHORT = 4  # accelerators: a set holding less than 1/_SHORT of its rows transfers only the rows used
 
-_SPARE: "OrderedDict[tuple, list[dict]]" = OrderedDict()  # buffer layout -> spare sets, oldest first
-_SPARE_BYTES = [0]
 
 
 @dataclass
@@ -185,14 +184,9 @@ class Fills:
     def _take(self) -> dict:
         if self.free:
             return self.free.pop()
-        spare = _SPARE.get(self.key)
-        while spare:
-            bufs = spare.pop()
-            _SPARE_BYTES[0] -= self.set_bytes
-            if not spare:
-                del _SPARE[self.key]
-            if not any_deleted(bufs):
-                return bufs
+        bufs = _SPARE.take(self.key, self.set_bytes)
+        if bufs is not None:
+            return bufs
         return None if self.sharded else program.buffers(self.plan, self.shapes, self.device)
 
     def close(self) -> None:
@@ -201,14 +195,7 @@ class Fills:
         self.free = []
         if not keep or self.set_bytes * len(keep) > POOL_BYTES:
             return
-        spare = _SPARE.pop(self.key, [])
-        _SPARE_BYTES[0] -= self.set_bytes * len(spare)
-        spare = (spare + keep)[-2:]
-        _SPARE[self.key] = spare
-        _SPARE_BYTES[0] += self.set_bytes * len(spare)
-        while _SPARE_BYTES[0] > POOL_BYTES and _SPARE:
-            _, old = _SPARE.popitem(last=False)
-            _SPARE_BYTES[0] -= sum(x.nbytes for x in jax.tree_util.tree_leaves(old))
+        _SPARE.keep(self.key, keep, self.set_bytes)
 
 
 def any_deleted(tree: Any) -> bool:
@@ -216,7 +203,51 @@ def any_deleted(tree: Any) -> bool:
     return any(x.is_deleted() for x in jax.tree_util.tree_leaves(tree) if isinstance(x, jax.Array))
 
 
-_LAYOUTS: dict = {}  # (plan, id(shapes)) -> (shapes, layout key, bytes of a set)
+class _SparePool:
+    """Spare record buffers kept between runs, per buffer layout, oldest layout dropped first past
+    ``POOL_BYTES``; one lock, as runs in several threads take and give back sets."""
+
+    def __init__(self):
+        self.sets: "OrderedDict[tuple, list[dict]]" = OrderedDict()  # buffer layout -> spare sets, oldest first
+        self.nbytes = 0
+        self.lock = threading.Lock()
+
+    def take(self, key: tuple, set_bytes: int) -> dict | None:
+        """A live spare set of layout ``key``, or None."""
+        while True:
+            with self.lock:
+                spare = self.sets.get(key)
+                if not spare:
+                    return None
+                bufs = spare.pop()
+                self.nbytes -= set_bytes
+                if not spare:
+                    del self.sets[key]
+            if not any_deleted(bufs):
+                return bufs
+
+    def keep(self, key: tuple, keep: list[dict], set_bytes: int) -> None:
+        """Keep up to two sets of layout ``key`` (the newest)."""
+        with self.lock:
+            spare = self.sets.pop(key, [])
+            self.nbytes -= set_bytes * len(spare)
+            spare = (spare + keep)[-2:]
+            self.sets[key] = spare
+            self.nbytes += set_bytes * len(spare)
+            while self.nbytes > POOL_BYTES and self.sets:
+                _, old = self.sets.popitem(last=False)
+                self.nbytes -= sum(x.nbytes for x in jax.tree_util.tree_leaves(old))
+
+    def clear(self) -> None:
+        with self.lock:
+            self.sets.clear()
+            self.nbytes = 0
+
+
+_SPARE = register(_SparePool())
+
+
+_LAYOUTS = Cache("buffer layouts")  # (plan, id(shapes)) -> (shapes, layout key, bytes of a set)
 
 
 def _layout_of(plan: Plan, shapes: tuple[dict, ...]) -> tuple[tuple, int]:
@@ -226,11 +257,11 @@ def _layout_of(plan: Plan, shapes: tuple[dict, ...]) -> tuple[tuple, int]:
         leaves, tree = jax.tree_util.tree_flatten(specs)
         return shapes, (tree, tuple((tuple(sd.shape), str(sd.dtype)) for sd in leaves)), program.buffer_bytes(specs)
 
-    _, key, nbytes = memo(_LAYOUTS, (plan, id(shapes)), make)
+    _, key, nbytes = _LAYOUTS.memo((plan, id(shapes)), make)
     return key, nbytes
 
 
-_READERS: dict = {}  # (plan, id(shapes), platform) -> (shapes, Reader)
+_READERS = Cache("readers")  # (plan, id(shapes), platform) -> (shapes, Reader)
 
 
 class Reader:
@@ -257,7 +288,7 @@ class Reader:
         except over several processes, where each run has its layout."""
         if layout is not None:
             return cls(plan, shapes, platform, layout)
-        return memo(_READERS, (plan, id(shapes), platform), lambda: (shapes, cls(plan, shapes, platform)))[1]
+        return _READERS.memo((plan, id(shapes), platform), lambda: (shapes, cls(plan, shapes, platform)))[1]
 
     def start_copy(self, f: Fill) -> None:
         """Accelerators: start the transfer of a full set while the next chunk runs."""

@@ -48,7 +48,7 @@ class Pipeline:
         self.invariants = as_list(invariants)
         self.on_violation = check_on_violation(on_violation)
         self.timeline = timeline
-        self.progress = None  # a ProgressLogger shown the latest recorded values (set by jl.run)
+        self.progress: Any = None  # a ProgressLogger shown the latest recorded values (set by jl.run)
         self.sinks = SinkSet(sinks)
         self.sinks.set_timeline(timeline)
         self.watch: Watch | None = None

@@ -62,6 +62,7 @@ from ..errors import JaxlogError
 from ..record.records import AUX, LOG
 from ..record.schedule import Schedule
 from ..logs import collect, collected_shapes
+from .memo import Cache
 from .resolve import check_system_axes, view_values, flatten_view
 
 INT32_MAX = 2**31 - 1
@@ -149,18 +150,14 @@ class Plan:
 _PLAN_FIELDS = tuple(f.name for f in dataclasses.fields(Plan))  # what hashes and compares a plan: every field
 
 
-_PLANS: dict = {}
+_PLANS = Cache("plans", keep=256)  # a bound: plans of kernels no longer run may go
 
 
 def intern(plan: Plan) -> Plan:
     """The one equal plan already seen, or ``plan``: jit compares its static argument with the
     one it compiled for on every call, and the same object compares at once (an equal one
     compares every lane's view and schedule)."""
-    try:
-        return _PLANS.setdefault(plan, plan)
-    finally:
-        if len(_PLANS) > 256:  # a bound: plans of kernels no longer run may go
-            _PLANS.pop(next(iter(_PLANS)))
+    return _PLANS.intern(plan)
 
 
 def layout(lanes: tuple[Lane, ...], capacity: int, shapes: tuple[dict, ...], pack: bool) -> dict:

@@ -26,6 +26,7 @@ from ..record.records import AUX, LOG, normalize_records
 from ..record.numbers import check_dt
 from ..record.schedule import Every, check_count
 from .compiles import run_timings
+from .memo import Cache
 from .pipeline import Pipeline
 from .resolve import resolve
 from .signals import sigterm_as_interrupt
@@ -418,7 +419,7 @@ class _LogKey:
     compares at once, an equal one compares every record's view and schedule)."""
 
     __slots__ = ("specs", "idx", "_hash")
-    _interned: dict = {}
+    _interned = Cache("recorder log keys", keep=256)  # a bound: keys of records no longer used may go
 
     def __init__(self, specs, idx):
         self.specs, self.idx = specs, idx
@@ -427,11 +428,7 @@ class _LogKey:
     @classmethod
     def of(cls, specs, idx) -> "_LogKey":
         key = cls(specs, idx)
-        try:
-            return cls._interned.setdefault(key, key)
-        finally:
-            if len(cls._interned) > 256:  # a bound: keys of records no longer used may go
-                cls._interned.pop(next(iter(cls._interned)))
+        return cls._interned.intern(key)
 
     def __hash__(self):
         return self._hash

@@ -10,7 +10,7 @@ from ..errors import JaxlogError, hide_frame_from_checks
 from ..record.records import normalize_records
 from ..record.schedule import check_count
 from .checkpoint import prepare, rebuild_state
-from .run import Run, run
+from .run import Run, resume_run
 
 
 def resume(path: str | os.PathLike, step: Callable, steps: int, *, like: Any = None, from_step: int | None = None,
@@ -32,7 +32,7 @@ def resume(path: str | os.PathLike, step: Callable, steps: int, *, like: Any = N
 
     __tracebackhide__ = hide_frame_from_checks
     steps = check_count(steps, "steps", minimum=0)
-    for taken in ("state", "start_step", "_resume"):
+    for taken in ("state", "start_step"):
         if taken in kwargs:
             raise JaxlogError(f"resume(): {taken}= comes from the file's checkpoint, not from the caller")
     filtered = frozenset(r.name for r in normalize_records(kwargs.get("record")) if r.when is not None)
@@ -46,8 +46,8 @@ def resume(path: str | os.PathLike, step: Callable, steps: int, *, like: Any = N
         state = rebuild_state(found.checkpoint.state, found.checkpoint.key_impls, like, point.meta, where)
         extra = list(sinks) if isinstance(sinks, (list, tuple)) else [sinks]
         file_sink = HDF5Writer(Path(path), **(writer or {}))
-        result = run(step, state, steps - point.step, start_step=point.step, sinks=[file_sink, *extra],
-                     _resume=point, **kwargs)
+        result = resume_run(step, state, steps - point.step, point, start_step=point.step,
+                            sinks=[file_sink, *extra], **kwargs)
     except BaseException as exc:
         if Path(path).exists() and os.path.samefile(path, point.source):
             point.source.unlink()  # refused or failed before the file was replaced: it is as it was

@@ -209,7 +209,8 @@ class JaxlogFixture:
             writer_kwargs: dict | None = None, **kwargs: Any) -> Any:
         """``jl.run`` writing ``<dir>/<name or trajectory[-i]>.h5`` and a ``.pftrace`` timeline; the profile
         window, progress bar, chunk size and violation policy default to the marker/options."""
-        from ..drive.run import run as jl_run
+        from ..check.violation import InvariantViolation
+        from ..drive.run import run_outcome
         from ..errors import hide_frame_from_checks
         from ..store.hdf5 import HDF5Writer
 
@@ -229,29 +230,25 @@ class JaxlogFixture:
             on_violation=self.settings.on_violation if on_violation is _UNSET else on_violation,
             timeline=timeline,
         )
-        result = None
-        caught: list = []
-        try:
+        with warnings.catch_warnings(record=True) as caught:
             # jl.run's warnings (on_violation="warn") point at its caller, which is this method: caught here and
             # re-emitted below at the test's line. The user's filters still apply (-W error raises in the run).
-            with warnings.catch_warnings(record=True) as caught:
-                result = jl_run(step, state, steps, **kwargs)
-        except BaseException as e:  # InvariantViolation (an AssertionError: a test failure) or anything else
-            partial = getattr(e, "jaxlog_run", None)
-            self._collect(writer, window, partial, name)
-            if own_timeline:
-                self._write_timeline(timeline)
-            self._note_timings(partial, name)
-            if isinstance(e, AssertionError) and hasattr(e, "invariant"):
-                self._note_violation(e, name)
+            outcome = run_outcome(step, state, steps, **kwargs)
+        result = outcome.run  # on an error (InvariantViolation, a test failure, or anything else): the partial run
+        if window is not None and window.note:  # a window the run stopped before (until=): no phantom steps
+            self._state.notes.append(f"run {self._label(name)!r}: {window.note}")
+        if outcome.error is None:
             _reemit(caught)
-            raise
-        _reemit(caught)
         self._collect(writer, window, result, name)
         if own_timeline:
             self._write_timeline(timeline)
         self._note_timings(result, name)
-        self._note_violation(getattr(result, "violation", None), name)
+        if outcome.error is not None:
+            if isinstance(outcome.error, InvariantViolation):
+                self._note_violation(outcome.error, name)
+            _reemit(caught)
+            raise outcome.error
+        self._note_violation(result.violation, name)
         self.runs.append(result)
         return result
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import shutil
 import threading
 import time
 import warnings
@@ -86,6 +87,10 @@ class ProfileWindow:
         self._artifacts: dict[str, Path] = {}
         self._annotated: list[int] = []
         self._opened: list[int] = []  # steps whose annotation is open now
+        # the window's steps that did work, once the driver says where the run stopped (see
+        # ``settle``); None: all of them (hand-written loops run every step they annotate)
+        self.ran: range | None = None
+        self.note: str | None = None  # what ``settle`` found: steps the run did not reach
 
     # -- description --------------------------------------------------------------------------
     @property
@@ -113,6 +118,32 @@ class ProfileWindow:
     def describe(self) -> str:
         where = f" in {self.session_dir}" if self.session_dir else f" under {self.dir}"
         return f"{self.name!r} (steps {self.start}..{self.stop}{where})"
+
+    @property
+    def reached(self) -> bool:
+        """Whether any of the window's steps did work (False: the run stopped before it)."""
+        return self.ran is None or len(self.ran) > 0
+
+    def settle(self, ran_to: int, steps_done: int, stop_reason: str) -> None:
+        """The driver's last word: work steps up to ``ran_to - 1`` ran, and the run stopped at step
+        ``steps_done`` for ``stop_reason``. A run stopped early (``until=``) may have dispatched
+        window steps past its stop that did no work: they are left out of :attr:`ran`,
+        :meth:`step_seconds` and the timeline, and :attr:`note` says so. A window the run did not
+        reach keeps no trace (it would hold nothing that ran)."""
+        ran = range(self.start, max(self.start, min(self.stop, ran_to - 1) + 1))
+        self.ran = ran
+        if len(ran) == len(self):
+            return
+        where = f"profile window {self.name!r} (steps {self.start}..{self.stop})"
+        why = f"the run stopped at step {steps_done} ({stop_reason})"
+        if not ran:
+            self.note = f"{where} not reached: {why}; no step of it ran, nothing was profiled"
+            if self.session_dir is not None:
+                shutil.rmtree(self.session_dir, ignore_errors=True)
+            self._artifacts = {}
+        else:
+            self.note = (f"{where} partly reached: {why}; only steps {ran.start}..{ran.stop - 1} ran and are "
+                         f"reported (the trace's steps {ran.stop}..{self.stop} did no work)")
 
     def overlaps(self, other: "ProfileWindow") -> bool:
         return self.start <= other.stop and other.start <= self.stop
@@ -258,16 +289,20 @@ class ProfileWindow:
         return load_trace(self._artifacts["jax_trace"])
 
     def step_seconds(self) -> np.ndarray:
-        """Per-step seconds of steps ``start..stop`` read from the trace (JaxlogError if one is missing)."""
-        return self.trace().step_seconds(self.steps)
+        """Per-step seconds of steps ``start..stop`` read from the trace (JaxlogError if one is missing);
+        of those that ran, when the run stopped inside the window (see :meth:`settle`)."""
+        return self.trace().step_seconds(self.steps if self.ran is None else self.ran)
 
     def add_to_timeline(self, timeline: Any, track: str = "window steps") -> None:
-        """Copy the window's step slices onto a :class:`Timeline` (aligned at the session start)."""
-        if self.begin_ns is None:
+        """Copy the window's step slices onto a :class:`Timeline` (aligned at the session start):
+        those of the steps that ran (see :meth:`settle`)."""
+        if self.begin_ns is None or not self.reached:
             return
         trace = self.trace()
         for s in trace.slices(STEP_SLICE):
             k = s.args.get("step_num")
+            if self.ran is not None and k is not None and int(k) not in self.ran:
+                continue
             start = self.begin_ns + int(s.start_s * 1e9)
             timeline.slice(track, STEP_SLICE, start, start + int(s.dur_s * 1e9),
                            {"step_num": int(k) if k is not None else -1})

@@ -1,0 +1,71 @@
+"""A run's checkpoints: what each one attaches to the file sinks, and how a resumed run's file
+starts as the old one up to the checkpoint (``checkpoint`` reads and checks the checkpoints)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+
+from ..record.frames import Schema
+from .checkpoint import META, CheckpointMeta, copy_attachments, copy_frames, key_record, state_leaves, step_name
+from .checkpoint import NAME as CHECKPOINT
+from .config import RunConfig
+from .pipeline import Pipeline
+from .resolve import state_key_impls, state_paths
+
+__all__ = ["Checkpointer", "resume_into"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpointer:
+    """What every checkpoint of a run says the same (the key, the step function, the state's
+    structure, the schema), worked out once per run: a checkpoint adds only what changed."""
+
+    pipe: Pipeline
+    template: CheckpointMeta
+    key_impls: dict[str, str]
+    until: bool
+
+    @classmethod
+    def of(cls, cfg: RunConfig, pipe: Pipeline, schema: Schema, state: Any) -> "Checkpointer":
+        key_data, key_impl = (None, None) if cfg.key is None else key_record(cfg.key)
+        template = CheckpointMeta(step=0, step_fn=step_name(cfg.step), key=key_data, key_impl=key_impl,
+                                  invariants=[], active=[], violation=None, done=None, systems_done=None,
+                                  state_leaves=state_leaves(state), treedef=str(jax.tree_util.tree_structure(state)),
+                                  x64=bool(jax.config.read("jax_enable_x64")), schema=schema.to_json(), dt=cfg.dt)
+        return cls(pipe, template, state_key_impls(state), cfg.until is not None)
+
+    def save(self, step: int, state: Any, stopped: Any, systems_done: np.ndarray | None) -> int:
+        """Attach a checkpoint at ``step`` (every frame up to it was handed to the sinks already);
+        ``stopped``: where until= stopped the run (each system), -1 while it goes on, at that step."""
+        saved = self.pipe.watch.save()
+        meta = dataclasses.replace(
+            self.template, step=step, invariants=saved["invariants"], active=saved["active"],
+            violation=saved["violation"],
+            done=None if stopped is None or not self.until else (np.asarray(stopped) >= 0).tolist(),
+            systems_done=None if systems_done is None else systems_done.tolist())
+        self.pipe.sinks.attach(CHECKPOINT, step, {**state_paths(state), META: meta.encode()}, key_impls=self.key_impls)
+        return step
+
+
+def resume_into(cfg: RunConfig, pipe: Pipeline, schema: Schema, stopped: np.ndarray,
+                systems_done: np.ndarray | None) -> np.ndarray:
+    """A resumed run's file starts as the old one up to the checkpoint: its frames, checkpoints and
+    post-mortem states, the invariants' running state; returns where ``until`` had stopped the run
+    (each system) there, -1 where it goes on."""
+    point = cfg.resume
+    copy_frames(point.source, point.step, schema, pipe.sinks.write)
+    copy_attachments(point.source, point.step, pipe.sinks.attach)
+    if pipe.watch:
+        pipe.watch.restore({"invariants": point.meta.invariants, "active": point.meta.active,
+                            "violation": point.meta.violation})
+    if systems_done is not None and point.meta.systems_done is not None:
+        systems_done[:] = point.meta.systems_done
+    if point.meta.done is None:
+        return stopped
+    done = np.asarray(point.meta.done, bool)
+    at = np.asarray(point.meta.systems_done if point.meta.systems_done is not None else np.full(done.shape, point.step))
+    return np.where(done, at, -1).astype(np.int32).reshape(stopped.shape)

@@ -1,0 +1,87 @@
+"""``jl.run``'s arguments, checked once (errors before anything is traced) and kept by name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import jax.numpy as jnp
+
+from ..check.invariants import as_list, check_on_violation
+from ..errors import JaxlogError
+from ..record.schedule import Schedule, as_schedule, check_count
+from .checkpoint import ResumePoint
+from .lanes import lanes_of
+from .program import Lane
+from .resolve import log_schedules
+
+__all__ = ["RunConfig", "configure"]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """``jl.run``'s arguments, checked once: what the rest of the driver reads by name."""
+
+    step: Callable
+    steps: int
+    start_step: int
+    lanes: tuple[Lane, ...]
+    invariants: tuple
+    sinks: Any
+    key: Any
+    dt: float | None
+    chunk: int | None
+    profile: Any
+    has_aux: bool
+    batched: bool | int
+    until: Callable | None
+    on_violation: str
+    postmortem: int
+    progress: Any
+    budget: int
+    timeline: Any
+    donate: bool
+    checkpoint: Schedule | None = None
+    resume: ResumePoint | None = None  # set by jl.resume
+    logs: tuple[tuple[str, Schedule], ...] = ()  # logs=: (name, schedule); names not listed: every step
+    log_capacity: int | None = None
+
+    @property
+    def keyed(self) -> bool:
+        return self.key is not None
+
+    @property
+    def end(self) -> int:
+        return self.start_step + self.steps
+
+
+def configure(step: Callable, state: Any, steps: int, *, record: Any, invariants: Any, sinks: Any, key: Any, dt: float | None,
+              chunk: int | None, profile: Any, has_aux: bool, aux: Any, batched: bool | int, until: Callable | None,
+              on_violation: str, postmortem: int, progress: Any, chunk_budget_bytes: int, timeline: Any,
+              donate: bool, start_step: int, logs: Any, log_capacity: int | None, checkpoint: Any,
+              resume: ResumePoint | None = None) -> RunConfig:
+    """``jl.run``'s arguments (its defaults are in its signature) checked, as a :class:`RunConfig`;
+    ``state`` only to say when it looks swapped with ``step``; ``resume``: the checkpoint
+    ``jl.resume`` continues from."""
+    steps = check_count(steps, "steps", minimum=0)
+    start_step = check_count(start_step, "start_step", minimum=0)
+    if start_step + steps >= 2**31:
+        raise JaxlogError(f"step numbers up to {start_step + steps} do not fit the int32 step counter")
+    if chunk is not None:
+        chunk = check_count(chunk, "chunk", minimum=1, none="or None")
+    if not callable(step):
+        swapped = " (step and state look swapped: jl.run(step, state, steps))" if callable(state) else ""
+        raise JaxlogError(f"step must be callable, got {type(step).__name__}{swapped}")
+    if until is not None and not callable(until):
+        raise JaxlogError(f"until= must be a callable state -> bool, got {until!r}")
+    if not isinstance(batched, bool):
+        batched = check_count(batched, "batched (the number of systems, or True/False)", minimum=1)
+    if log_capacity is not None:
+        log_capacity = check_count(log_capacity, "log_capacity", minimum=1, none="or None")
+    return RunConfig(step=step, steps=steps, start_step=start_step, lanes=lanes_of(record, bool(has_aux), aux),
+                     invariants=as_list(invariants), sinks=sinks, key=None if key is None else jnp.asarray(key), dt=dt,
+                     chunk=chunk, profile=profile, has_aux=bool(has_aux), batched=batched, until=until,
+                     on_violation=check_on_violation(on_violation), postmortem=int(postmortem), progress=progress,
+                     budget=int(chunk_budget_bytes), timeline=timeline, donate=bool(donate),
+                     logs=log_schedules(logs), log_capacity=log_capacity,
+                     checkpoint=None if checkpoint is None else as_schedule(checkpoint, "checkpoint="), resume=resume)

@@ -1,0 +1,198 @@
+"""What a kernel, its records and its state's types make of a run, worked out before any step
+runs: the plan and schema (:func:`resolve_run`), the chunk capacity, the plan laid out for it,
+the chunk's argument signature. Each is kept per kernel (see ``drive.memo``): tracing the step
+and every view costs milliseconds, which matters for short runs."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..errors import JaxlogError
+from ..record.frames import Schema
+from . import program
+from .config import RunConfig
+from .lanes import log_lanes
+from .memo import Cache
+from .program import Plan
+from .resolve import n_systems_of, resolve, short_error
+
+__all__ = ["auto_chunk", "capacity_of", "laid_out", "resolve_run", "signature_of", "as_arrays", "Resolved",
+           "DEFAULT_BUDGET", "CHUNK_CAP"]
+
+DEFAULT_BUDGET = 64 * 2**20
+CHUNK_CAP = 10_000
+
+_RESOLVED = Cache("resolved runs")
+_SIGNATURES = Cache("chunk signatures")  # (program, plan, id(resolved)) -> (resolved, an uncommitted run's Signature)
+_LAID_OUT = Cache("laid-out plans")  # (resolved plan, capacity, its shapes, pack) -> (shapes, the plan laid out, interned)
+_AUTO = Cache("auto chunk sizes")  # (id(schema), budget) -> (schema, auto_chunk)
+
+
+def auto_chunk(schema: Schema, steps: int | None = None, budget_bytes: int = DEFAULT_BUDGET,
+               cap: int = CHUNK_CAP) -> int:
+    """The capacity ``chunk=None`` picks: most work steps per chunk.
+
+    ``min(cap, budget_bytes // bytes_per_step)``, at least 2, where ``bytes_per_step`` is the
+    recorded data one step adds (every-step leaves in full, sparser ones by their density). It
+    does not depend on the run length (``steps`` is accepted and ignored), so runs of any length
+    with the same kernel and records run one compiled program; a run shorter than the capacity
+    runs one short chunk, and only its rows come to the host. The budget bounds device and host
+    memory per chunk whatever the run length; the cap (10,000 steps) keeps the first frames and
+    invariant checks coming while the run goes on; for long runs it gives a few hundred
+    dispatches per million steps, which costs ~nothing.
+    """
+    per_step = 0.0
+    for leaf in schema.leaves:
+        nbytes = int(np.prod(leaf.shape, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
+        density = leaf.schedule.max_in_span(cap) / cap
+        per_step += nbytes * density
+    limit = cap if per_step <= 0 else int(budget_bytes // per_step)
+    return int(max(2, min(cap, limit)))
+
+
+def capacity_of(cfg: RunConfig, schema: Schema) -> int:
+    """The program's capacity: :func:`auto_chunk`, whatever ``chunk=`` is (``chunk=`` is the number
+    of steps per dispatch; short chunks fill one set of buffers together, see ``drive.chunks``), so
+    runs with any chunk size and length share one executable. A ``chunk=`` beyond it (more steps
+    per dispatch than the memory budget holds) gets a program of its own, of the chunk size or the
+    run length if shorter; at least 2 rows either way (XLA folds a loop over one-row buffers into
+    straight-line code, which changes the last bits of reductions)."""
+    # schemas come from resolve_run's cache: computed once
+    auto = _AUTO.memo((id(schema), cfg.budget), lambda: (schema, auto_chunk(schema, budget_bytes=cfg.budget)))[1]
+    if cfg.chunk is None or cfg.chunk <= auto:
+        return auto
+    return max(2, min(cfg.chunk, cfg.steps))
+
+
+def _aval_key(tree):
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    return treedef, tuple((tuple(x.shape), x.dtype, bool(getattr(x, "weak_type", False))) for x in leaves)
+
+
+class Resolved(NamedTuple):
+    """What a kernel, its records and its state's types make of a run, worked out before any
+    step runs; cached per (step, records, state shapes) like jit caches (tracing the step and
+    every view costs milliseconds, which matters for short runs)."""
+
+    plan: Plan  # without its chunk layout (see ``laid_out``)
+    schema: Schema
+    shapes: tuple[dict, ...]  # per lane: leaf path -> frame ShapeDtypeStruct
+    state_bytes: int  # device memory the state takes
+
+
+def resolve_run(cfg: RunConfig, state) -> Resolved:
+    """The run's :class:`Resolved`, from the cache when the step, records and state types were seen."""
+    ck = (cfg.step, cfg.lanes, _aval_key(state), _aval_key(cfg.key), cfg.has_aux, cfg.batched, cfg.until, cfg.dt,
+          cfg.logs, cfg.log_capacity)
+    try:
+        hit = _RESOLVED.get(ck)
+    except TypeError:  # an unhashable view: no cache
+        ck, hit = None, None
+    if hit is not None:
+        return hit
+    plan = Plan(step=cfg.step, lanes=cfg.lanes, dense=(), compact=(), initial=(), host_masks=(), has_aux=cfg.has_aux,
+                keyed=cfg.keyed, n_systems=n_systems_of(state, cfg.batched), until=cfg.until, length=0,
+                collect=True, log_capacity=cfg.log_capacity)
+
+    def traced_step(st):  # through the collector: the step's output and what it logs
+        return program.apply_logged(plan, cfg.key, jnp.int32(0), st)
+
+    try:
+        out_shape = program.logged_shapes(plan, cfg.key, jnp.int32(0), state)
+    except JaxlogError:
+        raise
+    except Exception as e:
+        raise JaxlogError(f"the step function failed on the state: {short_error(e)}{_hint(cfg)}") from None
+    check_carry(state, out_shape[0], cfg)
+    if cfg.until is not None:
+        try:
+            jax.eval_shape(lambda st: program.until_flags(plan, st), state)
+        except JaxlogError:
+            raise
+        except Exception as e:
+            raise JaxlogError(f"until= failed on the state: {short_error(e)}") from None
+    plan = dataclasses.replace(plan, lanes=log_lanes(cfg.lanes, cfg.logs, sorted(out_shape[2])),
+                               collect=bool(out_shape[2]))
+    aux_fn = (lambda st: traced_step(st)[1]) if cfg.has_aux else None
+    found = resolve(plan.lanes, state, aux=aux_fn, logs=lambda st: traced_step(st)[2], batched=cfg.batched,
+                    dt=cfg.dt, log_capacity=cfg.log_capacity)
+    plan, schema = dataclasses.replace(plan, lanes=found.lanes), found.schema
+    shapes = tuple({leaf.path: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in mine} for mine in found.per_lane)
+    resolved = Resolved(plan, schema, shapes, sum(x.nbytes for x in jax.tree_util.tree_leaves(state)))
+    return resolved if ck is None else _RESOLVED.put(ck, resolved)
+
+
+def signature_of(fn: Callable, plan: Plan, resolved: Resolved, args: tuple, given: list) -> program.Signature:
+    """The chunk's argument signature, for ``run.compiled_chunk()``. When none of the arrays the
+    caller gave (``given``: the state's leaves and the key) is committed, it follows from the
+    program and what was resolved (their types; the buffers, the scalars and the masks are the
+    plan's, placed like them), so it is read from the arguments once per kernel; otherwise every
+    time (the shardings are the caller's)."""
+    if any(getattr(x, "committed", False) for x in given):
+        return program.Signature.of(args)
+    return _SIGNATURES.memo((fn, plan, id(resolved)), lambda: (resolved, program.Signature.of(args)))[1]
+
+
+def laid_out(plan: Plan, capacity: int, shapes: tuple[dict, ...], pack: bool) -> Plan:
+    """``plan`` with the chunk layout for ``capacity``, interned; computed once per resolved plan
+    and its leaves' shapes (a warm short run's host work is tens of microseconds a piece)."""
+    return _LAID_OUT.memo((plan, capacity, id(shapes), pack), lambda: (shapes, program.intern(
+        dataclasses.replace(plan, **program.layout(plan.lanes, capacity, shapes, pack)))))[1]
+
+
+def _hint(cfg: RunConfig) -> str:
+    """What commonly goes wrong calling the step, said once."""
+    if cfg.keyed:
+        return " (with key=, the step is called as step(key, state))"
+    return ""
+
+
+def as_arrays(state):
+    """The state as device arrays with strong types; a leaf that cannot be one is an error
+    naming it (jl.run carries the whole state through its device loop: configuration belongs in
+    the step's closure). Weak types (Python scalars, ``jnp.asarray(1.0)``) are made strong once,
+    here, so the first chunk and the later ones compile to one program."""
+    if all(isinstance(x, jax.Array) and not getattr(x, "weak_type", True) and not x.is_deleted()
+           for x in jax.tree_util.tree_leaves(state)):
+        return state  # (a test's runs mostly pass such states: nothing to look at leaf by leaf)
+    pairs, treedef = jax.tree_util.tree_flatten_with_path(state)
+    out = []
+    for kp, leaf in pairs:
+        if isinstance(leaf, jax.Array) and leaf.is_deleted():
+            raise JaxlogError(f"state leaf {jax.tree_util.keystr(kp) or '(the state itself)'} was deleted (donated to "
+                              f"an earlier jitted call?): pass a live array")
+        if isinstance(leaf, jax.Array) and not getattr(leaf, "weak_type", True):  # already what the loop carries
+            out.append(leaf)
+            continue
+        try:
+            arr = jnp.asarray(leaf)
+            out.append(jnp.asarray(arr, dtype=arr.dtype) if getattr(arr, "weak_type", False) else arr)
+        except (TypeError, ValueError) as e:
+            where = jax.tree_util.keystr(kp) or "(the state itself)"
+            raise JaxlogError(
+                f"state leaf {where} is {type(leaf).__name__} {leaf!r:.60}, not an array: jl.run carries the "
+                f"state on the device, so every leaf must be a numeric array (keep configuration such as "
+                f"names or settings out of the state, e.g. in the step function's closure) ({e})"
+            ) from None
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def check_carry(state, new_shape, cfg: RunConfig) -> None:
+    """The step returns a state of the same structure, shapes and dtypes (the device loop carries it)."""
+    a, ta = jax.tree_util.tree_flatten_with_path(state)
+    if not cfg.has_aux and isinstance(new_shape, tuple) and len(new_shape) == 2:
+        if jax.tree_util.tree_structure(new_shape[0]) == ta:  # type: ignore[operator]  # jaxlib's stub
+            raise JaxlogError("the step function returns a pair (state, something): pass has_aux=True to record "
+                              "the second part as aux, or return only the state")
+    b, tb = jax.tree_util.tree_flatten_with_path(new_shape)
+    if ta != tb:  # type: ignore[operator]  # jaxlib's stub: PyTreeDef compares
+        raise JaxlogError(f"the step function changed the state's structure: {ta} -> {tb}")
+    for (kp, x), (_, y) in zip(a, b):
+        if tuple(x.shape) != tuple(y.shape) or x.dtype != y.dtype:
+            raise JaxlogError(f"the step function changed state leaf {jax.tree_util.keystr(kp)}: "
+                              f"{x.dtype}{list(x.shape)} -> {y.dtype}{list(y.shape)}")
