@@ -131,6 +131,7 @@ def run_outcome(step: Callable, state: Any, steps: int, **kwargs: Any) -> Outcom
     ``Outcome(partial run or None, error)`` where it raised (the violation with
     ``on_violation="raise"``, a Ctrl-C, a failure). For callers that gather a run's files and
     timings whether or not it failed (the pytest fixture), then raise the error themselves."""
+    __tracebackhide__ = hide_frame_from_checks  # the error's traceback passes through here
     driver = None
     try:
         driver = RunLoop(_configure(step, state, steps, kwargs, None), *_clock())
