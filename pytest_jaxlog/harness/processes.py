@@ -140,6 +140,7 @@ class DistributedChild:
     def __init__(self, session: Any, spec: dict):
         self.session = session
         self.spec = spec
+        self.failed = False  # then the shutdown barrier is skipped: the other processes are being stopped
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
@@ -152,7 +153,14 @@ class DistributedChild:
         directory = self.session.base / safe_name(item.nodeid)
         item.stash[STATE_KEY] = TestState(item.nodeid, directory, replace(settings, keep="all"))
 
-    def pytest_unconfigure(self, config: pytest.Config) -> None:
-        import jax
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.failed = self.failed or report.failed
 
-        jax.distributed.shutdown()
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        self.failed = self.failed or exitstatus != 0  # interrupted (SIGTERM), a usage error, ...
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if not self.failed:  # a barrier every process reaches when all passed; after a failure none would
+            import jax
+
+            jax.distributed.shutdown()
