@@ -194,3 +194,57 @@ def test_a_failing_process_fails_the_test_and_stops_the_others_and_a_hung_one_ti
     assert sorted(p.name for p in kept.iterdir()) == ["note.p0", "note.p1"]  # neither process removed it
     assert hangs["outcome"] == "failed" and hangs["processes"][1]["stopped"] in ("SIGTERM", "SIGKILL")
     assert any("timeout" in n for n in hangs["notes"])
+
+
+LAUNCHED = KERNEL + """
+import json
+
+@pytest.mark.jaxlog(processes=2, devices=2)
+def test_two(jaxlog):
+    import os
+    assert "JAXLOG_DEVICES_CHILD" not in os.environ  # in the launched session itself, no child pytest
+    sharded_run(jaxlog, 2, 2)
+"""
+
+LAUNCHER_CONFTEST = """
+import os
+import jax
+
+# what a conftest does under srun or a JobSet; here the variables are set by hand, as a launcher would
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.distributed.initialize(num_processes=int(os.environ["NPROCS"]), process_id=int(os.environ["PROCID"]))
+"""
+
+
+def test_processes_started_by_a_launcher_run_the_test_in_their_own_sessions(pytester):
+    """As under ``srun``: every process runs the same pytest command, jax.distributed started by a
+    conftest from the launcher's variables; the marker then launches nothing and the test runs in
+    each session, writing its part of the one trajectory."""
+    import subprocess
+    import sys
+
+    from pytest_jaxlog.harness.processes import free_port
+
+    pytester.makepyfile(test_launched=LAUNCHED)
+    pytester.makeconftest(LAUNCHER_CONFTEST)
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", NPROCS="2",
+               JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{free_port()}")
+    procs = [subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-s"],
+                              cwd=pytester.path, env=dict(env, PROCID=str(i)), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=300)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outs)
+    assert all("1 passed" in o for o in outs)
+    assert sorted(p["process"] for o in outs for p in _printed(o)) == [0, 1]
+    d = pytester.path / ".jaxlog" / "test_launched.test_two"
+    assert sorted(p.name for p in d.iterdir()) == ["trajectory.h5", "trajectory.h5.p0", "trajectory.h5.p1",
+                                                  "trajectory.p0.pftrace", "trajectory.p1.pftrace"]
+    traj, (ref, _) = jl.load(d / "trajectory.h5"), _reference()
+    assert traj.status == "complete" and traj["x"].tobytes() == ref["x"].tobytes()

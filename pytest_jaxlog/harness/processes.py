@@ -21,6 +21,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -61,6 +62,9 @@ class ProcessesPlugin:
         except JaxlogError:
             return None  # the bad marker argument fails the test in setup, with its message
         if settings.processes is None:
+            return None
+        if settings.processes > 1 and launched_processes() == settings.processes:
+            share_directory(item, self.session)  # a launcher (srun, a JobSet) started them: the test runs here
             return None
         item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
         with cores_held(self.session.base):
@@ -115,6 +119,30 @@ class ProcessesPlugin:
 # in each process
 
 
+def launched_processes() -> int | None:
+    """The process count of this session's ``jax.distributed`` when a launcher started it (a conftest
+    called ``jax.distributed.initialize()`` under ``srun`` or a JobSet), or None when jax was never
+    imported here."""
+    if "jax" not in sys.modules:
+        return None
+    import jax
+
+    return jax.process_count()
+
+
+def share_directory(item: pytest.Item, session: Any) -> None:
+    """The test's directory is shared by its processes: no process removes it (``keep=all``) or
+    clears it as stale on first use, where another process may have written already."""
+    if item.stash.get(STATE_KEY, None) is not None:
+        return
+    try:
+        settings = marker_settings(item, session.settings)
+    except JaxlogError:
+        return  # the plugin's own setup hook fails the test with the message
+    directory = session.base / safe_name(item.nodeid)
+    item.stash[STATE_KEY] = TestState(item.nodeid, directory, replace(settings, keep="all"))
+
+
 def start_distributed(spec: dict) -> None:
     """``jax.distributed`` for process ``index`` of ``count``, before the test module is imported
     (JAX must not have started a backend yet). Only the loopback interface is bound."""
@@ -144,14 +172,8 @@ class DistributedChild:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
-        if item.nodeid != self.spec.get("nodeid") or item.stash.get(STATE_KEY, None) is not None:
-            return
-        try:
-            settings = marker_settings(item, self.session.settings)
-        except JaxlogError:
-            return  # the plugin's own setup hook fails the test with the message
-        directory = self.session.base / safe_name(item.nodeid)
-        item.stash[STATE_KEY] = TestState(item.nodeid, directory, replace(settings, keep="all"))
+        if item.nodeid == self.spec.get("nodeid"):
+            share_directory(item, self.session)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.failed = self.failed or report.failed
