@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 import pytest_jaxlog as jl
+from plugin_helpers import no_jaxlog_env  # noqa: F401  (autouse)
 from pytest_jaxlog.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,13 +64,6 @@ def _steps(job: dict) -> dict[str, dict]:
 
 def _bash(command: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    for name in [k for k in os.environ if k.startswith("JAXLOG_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
 
 
 def test_the_sharded_workflow_passes_actionlint(tmp_path):

@@ -9,10 +9,12 @@ import json
 import os
 import re
 
+import jax  # noqa: F401  (here, not in a test: pytester drops modules a test imported, and jaxlib cannot load twice)
 import numpy as np
 import pytest
 
 import pytest_jaxlog as jl
+from plugin_helpers import no_jaxlog_env  # noqa: F401  (autouse)
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.xdist_group("jaxlog-processes")
@@ -85,26 +87,24 @@ def test_one_hangs():
         time.sleep(3600)
 
 @pytest.mark.jaxlog(processes=0)
-def test_no_processes():
-    pass
+def test_no_processes(): pass
 
 @pytest.mark.jaxlog(timeout=5)
-def test_timeout_alone():
-    pass
+def test_timeout_alone(): pass
 """
 
 
 @pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    for name in [k for k in os.environ if k.startswith("JAXLOG_")]:
-        monkeypatch.delenv(name)
+def _one_cpu_device(monkeypatch):
+    """The outer session's device flags kept out of the inner sessions (JAXLOG_*: no_jaxlog_env)."""
     monkeypatch.delenv("XLA_FLAGS", raising=False)
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
 
 
 def _manifest(pytester) -> dict:
-    doc = json.loads((pytester.path / ".jaxlog" / "manifest.json").read_text())
-    return {t["nodeid"].split("::")[-1]: t for t in doc["tests"]}
+    """The inner session's manifest entries by test name."""
+    tests = json.loads((pytester.path / ".jaxlog" / "manifest.json").read_text())["tests"]
+    return {t["nodeid"].split("::")[-1]: t for t in tests}
 
 
 def _printed(text: str) -> list[dict]:
