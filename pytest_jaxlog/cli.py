@@ -74,6 +74,15 @@ def _parser() -> argparse.ArgumentParser:
     summary.add_argument("roots", nargs="*", default=[".jaxlog"], metavar="DIR",
                          help="artifact directories or manifest files (default: .jaxlog)")
     summary.add_argument("--markdown", action="store_true", help="Markdown, e.g. >> \"$GITHUB_STEP_SUMMARY\"")
+
+    merge = sub.add_parser("merge", help="join the manifests of sharded CI jobs into one (for summary)",
+                           description="Join the manifest.json of several sessions (CI jobs that each ran a share "
+                           "of a suite) into OUT/manifest.json, its paths rewritten relative to OUT (the shards' "
+                           "files stay where they are); each test says which shard ran it. Then: "
+                           "python -m pytest_jaxlog summary OUT.")
+    merge.add_argument("roots", nargs="+", metavar="DIR", help="the shards' jaxlog directories or manifest files")
+    merge.add_argument("-o", "--output", required=True, metavar="OUT",
+                       help="directory of the merged manifest.json (not one of the shards')")
     return p
 
 
@@ -95,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return {"info": cmd_info, "diff": cmd_diff, "trace": cmd_trace, "plot": cmd_plot,
-                "summary": cmd_summary}[args.command](args)
+                "summary": cmd_summary, "merge": cmd_merge}[args.command](args)
     except (UsageError, JaxlogError) as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if not msg.startswith("[jaxlog]"):
@@ -510,4 +519,13 @@ def summarize(manifests: list[tuple[Path, dict]], markdown: bool) -> str:
 
 def cmd_summary(args) -> int:
     sys.stdout.write(summarize(_manifests(args.roots), args.markdown))
+    return 0
+
+
+def cmd_merge(args) -> int:
+    from .store.manifest_merge import merge
+
+    path = merge(args.roots, args.output)
+    doc = json.loads(path.read_text())
+    print(f"[jaxlog] merged {len(doc['shards'])} manifests ({len(doc['tests'])} tests) into {path}")
     return 0

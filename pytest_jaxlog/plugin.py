@@ -15,6 +15,7 @@ from .harness.devices import ChildReports, DevicesPlugin, child_spec
 from .harness.factory import JaxlogFactory
 from .harness.fixture import JaxlogFixture
 from .harness.options import add_options, marker_settings
+from .harness.processes import DistributedChild, ProcessesPlugin, start_distributed
 from .harness.session import REPORTS_KEY, SESSION_KEY, JaxlogSession
 
 
@@ -28,14 +29,19 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "jaxlog(profile=(start, stop), keep='failed|all|none', on_violation='raise|warn|record', chunk=N, "
         "progress='auto|on|off', devices=N): per-test settings of the jaxlog fixture; devices=N runs the test "
-        "under N host CPU devices (in a child pytest when this process's jax has another count)",
+        "under N host CPU devices (in a child pytest when this process's jax has another count); processes=N, "
+        "timeout=S: the test runs in N jax.distributed processes on this machine with shared fate",
     )
     session = config.stash[SESSION_KEY] = JaxlogSession(config)
     config.pluginmanager.register(_Collector(session), "jaxlog-collector")
     config.pluginmanager.register(DevicesPlugin(session), "jaxlog-devices")
+    config.pluginmanager.register(ProcessesPlugin(session), "jaxlog-processes")
     child = child_spec()
     if child is not None:
         config.pluginmanager.register(ChildReports(config, child), "jaxlog-child-reports")
+        if child.get("processes"):  # one of several processes: jax.distributed before the test module's import
+            start_distributed(child)
+            config.pluginmanager.register(DistributedChild(session, child), "jaxlog-distributed-child")
     session.catch_sigterm()
     session.use_compile_cache()  # conftests have run: JAX is configured (through its variables if not imported)
 
@@ -137,7 +143,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if session is not None:
         session.release_sigterm()
         session.release_compile_cache()
-    for name in ("jaxlog-collector", "jaxlog-devices", "jaxlog-child-reports"):
+    for name in ("jaxlog-collector", "jaxlog-devices", "jaxlog-child-reports", "jaxlog-processes",
+                 "jaxlog-distributed-child"):
         registered = config.pluginmanager.get_plugin(name)
         if registered is not None:
             config.pluginmanager.unregister(registered)

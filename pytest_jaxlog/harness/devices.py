@@ -82,6 +82,26 @@ def _forwarded(args: tuple[str, ...]) -> list[str]:
     return out
 
 
+def forward_options(config: pytest.Config, env: dict[str, str]) -> None:
+    """The session's jaxlog options from the command line, as a child reads them (its variables)."""
+    for key, opt in OPTIONS.items():
+        src = lookup(config, key)
+        if src.origin == "cli" and key != "dir":
+            env[opt.env] = "1" if src.value is True else str(src.value)
+
+
+def child_command(item: pytest.Item, nodeid: str, basetemp: Path) -> list[str]:
+    """The pytest command line that runs ``nodeid`` alone, collected as the parent collects it."""
+    config = item.config
+    cmd = [sys.executable, "-m", "pytest", nodeid, "-p", "no:cacheprovider", "-q",
+           f"--basetemp={basetemp}", f"--rootdir={config.rootpath}"]
+    if config.inipath is not None:
+        cmd += ["-c", str(config.inipath)]
+    if config.pluginmanager.hasplugin("xdist"):
+        cmd += ["-n", "0"]  # the test alone, in the child itself (an ini's -n would start workers)
+    return cmd + _forwarded(tuple(config.invocation_params.args))
+
+
 def _child_nodeid(item: pytest.Item) -> str:
     """The id the child collects: without the ``@group`` suffix ``--dist loadgroup`` appends."""
     nodeid = item.nodeid
@@ -103,10 +123,11 @@ class DevicesPlugin:
         if item.get_closest_marker("jaxlog") is None:
             return None
         try:
-            n = marker_settings(item, self.session.settings).devices
+            settings = marker_settings(item, self.session.settings)
         except JaxlogError:
             return None  # the bad marker argument fails the test in setup, with its message
-        if n is None or child_spec() is not None:
+        n = settings.devices
+        if n is None or settings.processes is not None or child_spec() is not None:  # processes: harness.processes
             return None
         running = running_devices()
         if running == ("cpu", n):
@@ -125,17 +146,8 @@ class DevicesPlugin:
         spec = {"nodeid": nodeid, "devices": n, "report": str(report_path), "jaxlog_dir": str(self.session.base),
                 "workerid": f"devices={n}"}
         env = child_env(n, spec)
-        for key, opt in OPTIONS.items():  # the session's jaxlog options, as the child reads them
-            src = lookup(config, key)
-            if src.origin == "cli" and key != "dir":
-                env[opt.env] = "1" if src.value is True else str(src.value)
-        cmd = [sys.executable, "-m", "pytest", nodeid, "-p", "no:cacheprovider", "-q",
-               f"--basetemp={work / 'tmp'}", f"--rootdir={config.rootpath}"]
-        if config.inipath is not None:
-            cmd += ["-c", str(config.inipath)]
-        if config.pluginmanager.hasplugin("xdist"):
-            cmd += ["-n", "0"]  # the test alone, in the child itself (an ini's -n would start workers)
-        cmd += _forwarded(tuple(config.invocation_params.args))
+        forward_options(config, env)
+        cmd = child_command(item, nodeid, work / "tmp")
         proc = subprocess.Popen(cmd, cwd=str(config.rootpath), env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
         try:
@@ -193,7 +205,9 @@ class ChildReports:
             return
         import jax
 
-        backend, count = jax.default_backend(), jax.device_count()
+        # one of several processes (harness.processes): the devices are this process's own
+        many = bool(self.spec.get("processes"))
+        backend, count = jax.default_backend(), jax.local_device_count() if many else jax.device_count()
         if (backend, count) != ("cpu", n):
             pytest.fail(f"[jaxlog] {item.nodeid}: @pytest.mark.jaxlog(devices={n}) ran in a child pytest with "
                         f"XLA_FLAGS={os.environ.get('XLA_FLAGS')!r}, but its jax has {count} {backend} devices: "
@@ -203,8 +217,10 @@ class ChildReports:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         config = self._config
         self.reports.append(config.hook.pytest_report_to_serializable(config=config, report=report))
+        if self.spec.get("processes"):  # the parent watches every process's reports as they come
+            self.pytest_sessionfinish(None)
 
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+    def pytest_sessionfinish(self, session: pytest.Session | None) -> None:
         path = self.spec.get("report")
         if path:
             tmp = Path(f"{path}.tmp")

@@ -139,13 +139,13 @@ class JaxlogFixture:
                     return None
                 start, stop = max(start, lo), min(stop, hi)
                 self._state.notes.append(f"{what} clipped to {start}:{stop} for run {label!r}: it has {steps_text}")
-        return ProfileWindow(start, stop, self._file(name, "-profile"))
+        return ProfileWindow(start, stop, self._file(name, f"{process_suffix()}-profile"))
 
     def _timeline(self, name: str) -> Any:
         from ..profiling.timeline import Timeline
 
         tl = Timeline()
-        self._timelines.append(PendingTimeline(tl, name, self._file(name, ".pftrace")))
+        self._timelines.append(PendingTimeline(tl, name, self._file(name, f"{process_suffix()}.pftrace")))
         return tl
 
     def _write_timeline(self, tl: Any) -> None:
@@ -341,6 +341,14 @@ class JaxlogFixture:
                 self._write_timeline(pending.timeline)
             if self in self._state.fixtures:
                 self._state.fixtures.remove(self)
+
+
+def process_suffix() -> str:
+    """``.p<i>`` in process *i* of a run over several processes (``jax.distributed``), else nothing:
+    a trajectory is one file the processes write parts of, a timeline or profile is each one's own."""
+    import jax
+
+    return f".p{jax.process_index()}" if jax.process_count() > 1 else ""
 
 
 def file_stem(name: str) -> str:

@@ -20,7 +20,7 @@ KEEP_CHOICES = ("failed", "all", "none")
 VIOLATION_CHOICES = ("raise", "warn")
 MARKER_VIOLATION_CHOICES = ("raise", "warn", "record")
 PROGRESS_CHOICES = ("auto", "on", "off")
-MARKER_KEYS = ("profile", "keep", "on_violation", "chunk", "progress", "devices")
+MARKER_KEYS = ("profile", "keep", "on_violation", "chunk", "progress", "devices", "processes", "timeout")
 GOLDEN_DIR_INI = "jaxlog_golden_dir"
 GOLDEN_DIR_DEFAULT = "fixtures/golden"
 
@@ -190,6 +190,18 @@ def parse_devices(value: Any, what: str) -> int:
     return value
 
 
+def parse_processes(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise JaxlogError(f"{what}: expected a positive number of jax.distributed processes, got {value!r}")
+    return value
+
+
+def parse_timeout(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
+        raise JaxlogError(f"{what}: expected a positive number of seconds, got {value!r}")
+    return float(value)
+
+
 def parse_choice(value: Any, choices: tuple[str, ...], what: str) -> str:
     if not isinstance(value, str) or value not in choices:
         raise JaxlogError(f"{what}: expected one of {'|'.join(choices)}, got {value!r}")
@@ -231,6 +243,8 @@ class Settings:
     chunk: int | None = None
     profile_source: str = "--jaxlog-profile"  # named in notes about the window (marker or option)
     devices: int | None = None  # host CPU devices the test runs under (marker only; see harness.devices)
+    processes: int | None = None  # jax.distributed processes the test runs in (marker only; harness.processes)
+    timeout: float | None = None  # seconds those processes may run before they are stopped (marker only)
 
     def with_marker(self, kwargs: dict[str, Any], nodeid: str) -> "Settings":
         def what(key: str) -> str:
@@ -257,6 +271,13 @@ class Settings:
             s = replace(s, chunk=parse_chunk(kwargs["chunk"], what("chunk")))
         if "devices" in kwargs:
             s = replace(s, devices=parse_devices(kwargs["devices"], what("devices")))
+        if "processes" in kwargs:
+            s = replace(s, processes=parse_processes(kwargs["processes"], what("processes")))
+        if "timeout" in kwargs:
+            if s.processes is None:
+                raise JaxlogError(f"{what('timeout')}: a timeout is for tests run in several processes; "
+                                  "add processes=N")
+            s = replace(s, timeout=parse_timeout(kwargs["timeout"], what("timeout")))
         return s
 
 

@@ -1,0 +1,106 @@
+"""One manifest from the ``manifest.json`` of several sessions: the shards of a suite that CI
+jobs ran apart (a matrix with pytest's own selection or pytest-split), each leaving its
+``.jaxlog/``.
+
+The merge is an ordinary manifest (``jaxlog summary`` and anything else reading manifests reads
+it unchanged): every path in it is rewritten to be relative to the merge's own directory, so the
+shards' files stay where they are and are found from there. Each test entry says which shard it
+came from (``shard``: its position in ``shards``); a test that ran in several shards is listed
+once per shard. Pure JSON and paths: no trajectory is opened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import JaxlogError
+
+MANIFEST_NAME = "manifest.json"
+
+
+def manifest_file(root: str | os.PathLike) -> Path:
+    """``root`` itself when it is a file, else ``root/manifest.json``; JaxlogError when missing."""
+    p = Path(root)
+    f = p if p.is_file() else p / MANIFEST_NAME
+    if not f.is_file():
+        raise JaxlogError(f"[jaxlog] merge: no {MANIFEST_NAME} in {p} (the shard's jaxlog directory, e.g. .jaxlog)")
+    return f
+
+
+def _read(path: Path) -> dict:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise JaxlogError(f"[jaxlog] merge: {path} is not a readable manifest ({e})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("tests"), list):
+        raise JaxlogError(f"[jaxlog] merge: {path} is not a jaxlog manifest (no list of tests)")
+    return doc
+
+
+def _rebase(rel: Any, src: Path, out: Path) -> Any:
+    """A path relative to ``src`` (a shard's directory) made relative to ``out``."""
+    if not isinstance(rel, str) or not rel:
+        return rel
+    p = Path(rel) if Path(rel).is_absolute() else src / rel
+    try:
+        return Path(os.path.relpath(p, out)).as_posix()
+    except ValueError:  # another drive: no relative form
+        return str(p)
+
+
+def _rebased_entry(entry: dict, move: Callable[[Any], Any], shard: int) -> dict:
+    e = dict(entry)
+    e["dir"] = move(e.get("dir"))
+    e["artifacts"] = {k: move(v) for k, v in (e.get("artifacts") or {}).items()}
+    e["violations"] = [dict(v, artifacts={k: move(p) for k, p in (v.get("artifacts") or {}).items()})
+                       if isinstance(v, dict) else v for v in e.get("violations") or ()]
+    e["goldens"] = [dict(g, path=move(g.get("path"))) if isinstance(g, dict) else g for g in e.get("goldens") or ()]
+    e["shard"] = shard
+    return e
+
+
+def merge(roots: list[str | os.PathLike], out: str | os.PathLike) -> Path:
+    """Write ``out/manifest.json`` joining the manifests of ``roots`` (directories or files), in
+    that order; returns its path. The shards must share the manifest's format version."""
+    if not roots:
+        raise JaxlogError("[jaxlog] merge: name the shards' jaxlog directories")
+    out = Path(out).resolve()
+    files = [manifest_file(r).resolve() for r in roots]
+    if out / MANIFEST_NAME in files:
+        raise JaxlogError(f"[jaxlog] merge: the output {out / MANIFEST_NAME} is one of the shards' manifests")
+    docs = [_read(f) for f in files]
+    versions = sorted({str(d.get("version")) for d in docs})
+    if len(versions) > 1:
+        raise JaxlogError(f"[jaxlog] merge: the shards' manifests have different format versions ({', '.join(versions)})")
+    tests, stale, shards = [], [], []
+    for i, (f, doc) in enumerate(zip(files, docs)):
+        def move(rel: Any, src: Path = f.parent) -> Any:
+            return _rebase(rel, src, out)
+
+        tests += [_rebased_entry(t, move, i) for t in doc["tests"] if isinstance(t, dict)]
+        stale += [dict(s, dir=move(s.get("dir")), shard=i) for s in doc.get("stale") or () if isinstance(s, dict)]
+        shards.append({"manifest": move(f.name), "exitstatus": doc.get("exitstatus"), "tests": len(doc["tests"]),
+                       "started": doc.get("started"), "finished": doc.get("finished"),
+                       "settings": doc.get("settings")})
+    first = docs[0]
+    statuses = [d.get("exitstatus") for d in docs]
+    merged = dict(first)
+    merged.update(
+        started=min((d["started"] for d in docs if isinstance(d.get("started"), (int, float))), default=None),
+        finished=max((d["finished"] for d in docs if isinstance(d.get("finished"), (int, float))), default=None),
+        exitstatus=next((s for s in statuses if s not in (0, None)), 0),  # the first shard that did not pass
+        rootdir=_rebase(first.get("rootdir"), files[0].parent, out),
+        golden_dir=_rebase(first.get("golden_dir"), files[0].parent, out),
+        tests=sorted(tests, key=lambda t: (str(t.get("nodeid")), t["shard"])),
+        stale=stale,
+        shards=shards,
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / MANIFEST_NAME
+    tmp = out / f".manifest-merge-{os.getpid()}.json"
+    tmp.write_text(json.dumps(merged, indent=1, default=str))
+    os.replace(tmp, path)
+    return path
