@@ -14,14 +14,15 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
 from .fate import Ending, Member
 from .session import _outcome
 
-PHASES = ("setup", "call", "teardown")
+Phase = Literal["setup", "call", "teardown"]
+PHASES: tuple[Phase, ...] = ("setup", "call", "teardown")
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ def _fate_lines(group: Group, per: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _sections(group: Group, per: list[dict[str, Any]], when: str, failing: bool) -> list[tuple[str, str]]:
+def _sections(group: Group, per: list[dict[str, Any]], when: Phase, failing: bool) -> list[tuple[str, str]]:
     out = []
     for m, reports in zip(group.members, per):
         r = reports.get(when)
@@ -81,7 +82,7 @@ def _sections(group: Group, per: list[dict[str, Any]], when: str, failing: bool)
     return out + [("jaxlog", group.note)]
 
 
-def _failed_report(item: pytest.Item, group: Group, per: list[dict[str, Any]], when: str,
+def _failed_report(item: pytest.Item, group: Group, per: list[dict[str, Any]], when: Phase,
                    head: list[str]) -> pytest.TestReport:
     parts = ["\n".join(head)]
     for m, reports in zip(group.members, per):
@@ -116,7 +117,7 @@ def combine(item: pytest.Item, group: Group, session: Any) -> list[pytest.TestRe
     teardown = reports.get("teardown")
     if teardown is None:
         teardown = reports["teardown"] = pytest.TestReport(item.nodeid, item.location, {}, "passed", None, "teardown")
-    teardown.jaxlog = merged_entry(item, group, per, reports, session)
+    teardown.jaxlog = merged_entry(item, group, per, reports, session)  # type: ignore[attr-defined]  # read by the plugin's report hook
     first_teardown = per[0].get("teardown")
     if first_teardown is not None and teardown is not first_teardown:
         teardown.user_properties = list(first_teardown.user_properties)

@@ -112,7 +112,7 @@ class ProcessesPlugin:
         with open(output, "w") as out:
             proc = subprocess.Popen(cmd, cwd=str(item.config.rootpath), env=env, stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=os.name == "posix")
-        return Member(i, proc, Path(spec["report"]), output)
+        return Member(i, proc, Path(str(spec["report"])), output)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,14 +11,13 @@ once per shard. Pure JSON and paths: no trajectory is opened.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import JaxlogError
-
-MANIFEST_NAME = "manifest.json"
+from . import manifest
+from .manifest import NAME as MANIFEST_NAME
 
 
 def manifest_file(root: str | os.PathLike) -> Path:
@@ -32,10 +31,10 @@ def manifest_file(root: str | os.PathLike) -> Path:
 
 def _read(path: Path) -> dict:
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
+        doc = manifest.read(path)
+    except JaxlogError as e:
         raise JaxlogError(f"[jaxlog] merge: {path} is not a readable manifest ({e})") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("tests"), list):
+    if not isinstance(doc.get("tests"), list):
         raise JaxlogError(f"[jaxlog] merge: {path} is not a jaxlog manifest (no list of tests)")
     return doc
 
@@ -99,8 +98,4 @@ def merge(roots: list[str | os.PathLike], out: str | os.PathLike) -> Path:
         shards=shards,
     )
     out.mkdir(parents=True, exist_ok=True)
-    path = out / MANIFEST_NAME
-    tmp = out / f".manifest-merge-{os.getpid()}.json"
-    tmp.write_text(json.dumps(merged, indent=1, default=str))
-    os.replace(tmp, path)
-    return path
+    return manifest.write(out, merged)
