@@ -22,6 +22,7 @@ from ..record.numbers import check_dt
 from ..record.records import AUX, LOG, check_name, leaf_paths
 from ..record.schedule import Every, Schedule, as_schedule
 from ..logs import Shapes, collect, has_logs, shapes_and_logs
+from ..store.system_view import WHEN  # "when/<record>": a batched record's per-system when= flags
 
 AUX_SCHEDULE = Every(1, start=1)  # aux comes out of the application k -> k+1: recorded at k+1
 LOG_SCHEDULE = AUX_SCHEDULE  # so do the step's logs
@@ -53,6 +54,38 @@ class BroadcastView:
 
     def _broadcast(self, x: Any) -> Any:
         return jnp.broadcast_to(x, (self.n_systems,)) if jnp.shape(x) == () else x
+
+
+
+
+@dataclasses.dataclass(frozen=True)
+class WhenFlags:
+    """The view of a batched record's ``when=`` that returns one bool per system: recorded as
+    ``"when/<record>"`` beside the record, on its schedule and with its ``when=``, so each kept
+    row also says which systems it was kept for (a row is kept where any system's flag holds;
+    ``traj.system(i)`` reads back only system i's own rows)."""
+
+    when: Callable
+
+    def __call__(self, state: Any) -> Any:
+        return self.when(state)
+
+
+def _when_lanes(lane: Any, state: Any, n_systems: int | None, names: set[str]) -> list:
+    """The ``"when/<record>"`` lane of a batched view lane whose ``when=`` returns one bool per
+    system (none otherwise: one bool keeps or drops a row for every system alike)."""
+    if n_systems is None or lane.when is None or lane.from_step or lane.log_paths is not None:
+        return []
+    try:
+        flag = jax.eval_shape(lane.when, state)
+    except Exception:  # the program reports a when= that fails, with the record named
+        return []
+    if getattr(flag, "shape", None) != (n_systems,) or getattr(flag, "dtype", None) != jnp.bool_:
+        return []
+    if WHEN in names:
+        raise JaxlogError(f"record name {WHEN!r} is taken: in a batched run, {WHEN}/<record> holds which systems "
+                          f"each row of a per-system when= record was kept for (record {lane.name!r}); rename it")
+    return [dataclasses.replace(lane, name=f"{WHEN}/{lane.name}", view=WhenFlags(lane.when))]
 
 
 def view_values(name: str, view: Callable, state: Any, *, keys_as_data: bool = True) -> dict[str, Any]:
@@ -260,6 +293,9 @@ def resolve(lanes: Sequence[Any], state: Any, *, aux: Callable[[Any], Any] | Non
     args = (state,) if abstract else ()
     out_lanes: list = []
     per_lane: list[tuple[LeafSpec, ...]] = []
+    if abstract:
+        names = {ln.name for ln in lanes}
+        lanes = [x for ln in lanes for x in (ln, *_when_lanes(ln, state, n_sys, names))]
     for lane in lanes:
         if lane.log_paths is not None:
             mine = lane_leaves(lane.name, LOG, lane.schedule,

@@ -151,12 +151,14 @@ def _steps_summary(steps: np.ndarray) -> str:
     return f"{len(steps)} steps from {int(steps[0])} to {int(steps[-1])}"
 
 
-def _rebuild(flat: dict[str, np.ndarray], impls: dict[str, str], like: Any, *, where: str) -> Any:
-    """``like``'s pytree with its leaves taken from ``flat`` (``{"state/<key path>": array}``)."""
+def _rebuild(flat: dict[str, np.ndarray], impls: dict[str, str], like: Any, *, where: str, prefix: str = "state",
+             frames: bool = False) -> Any:
+    """``like``'s pytree with its leaves taken from ``flat`` (``{"<prefix>/<key path>": array}``);
+    ``frames``: each array has a leading frame axis before ``like``'s leaf shape."""
     import jax
 
     pairs, treedef = jax.tree_util.tree_flatten_with_path(like)
-    paths = leaf_paths("state", [kp for kp, _ in pairs])
+    paths = leaf_paths(prefix, [kp for kp, _ in pairs])
     missing = [p for p in paths if p not in flat]
     if missing:
         raise JaxlogError(f"{where} does not match like=: the file has no {', '.join(missing[:5])} "
@@ -170,9 +172,10 @@ def _rebuild(flat: dict[str, np.ndarray], impls: dict[str, str], like: Any, *, w
         impl = impls.get(path.removeprefix("state/")) or impls.get(path)
         if impl is not None:
             value = jax.random.wrap_key_data(value, impl=impl)
-        want = getattr(template, "shape", None)
-        if want is not None and tuple(value.shape) != tuple(want):
-            raise JaxlogError(f"{where}: leaf {path} has shape {tuple(value.shape)}, like= has {tuple(want)}")
+        want, got = getattr(template, "shape", None), tuple(value.shape)[1 if frames else 0:]
+        if want is not None and got != tuple(want):
+            raise JaxlogError(f"{where}: leaf {path} has {'frames of ' if frames else ''}shape {got}, like= has "
+                              f"{tuple(want)}")
         leaves.append(value)
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
@@ -344,6 +347,25 @@ class Trajectory:
         if like is None:
             return flat["state"] if "state" in flat else _nest(flat, "state")
         return _rebuild(flat, impls, like, where=f"the state at step {step}")
+
+    def tree(self, name: str, like: Any) -> Any:
+        """Record ``name`` as ``like``'s pytree (the view's output for one step: namedtuples,
+        dataclasses, registered nodes, typed PRNG keys wrapped again), each leaf with a leading
+        frame axis: a sampler's positions as the kernel's own type, as :meth:`state` rebuilds
+        stored states. The types come from ``like``, never from the file."""
+        paths = self.schema.resolve(name)
+        flat = {p: self._values(p, None) for p in paths}
+        impls = {p: self.schema[p].key_impl for p in paths if self.schema[p].key_impl is not None}
+        return _rebuild(flat, impls, like, where=f"record {name!r}", prefix=name, frames=True)
+
+    def system(self, i: int) -> "Trajectory":
+        """System ``i``'s own trajectory in a batched run: every record's frames and steps where
+        the row holds system ``i``'s data (``traj.system(i)["x"]``, ``.steps("x")``), without the
+        system axis. Rows kept by a per-system ``when=`` for other systems only, and rows after
+        system ``i`` stopped (``until=``), are not in it; a shared leaf is the same for every system."""
+        from .system_view import SystemTrajectory
+
+        return SystemTrajectory(self, i)
 
     def steps(self, name: str, index: Any = None) -> np.ndarray:
         """Recorded step numbers of a record (for a group: its leaves must share them)."""
