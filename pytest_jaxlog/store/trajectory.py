@@ -32,6 +32,7 @@ from .format import CRC_ATTR, json_crc32
 from .hdf5 import HDF5Writer
 from .parts import PartIndex, invalid_index, read_blocks, read_index
 from .selection import select_frames
+from .treedef import CHECKPOINT_META, beyond_dicts, template
 from .sink import STATUSES
 
 _REQUIRED = ("format_version", "schema", "status", "steps_done")
@@ -178,6 +179,20 @@ def _rebuild(flat: dict[str, np.ndarray], impls: dict[str, str], like: Any, *, w
                               f"{tuple(want)}")
         leaves.append(value)
     return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def _containers(meta: Any) -> Any:
+    """A checkpoint's state structure as a template when it is made of tuples and lists (and
+    dicts, None, arrays), from the structure the checkpoint keeps; None otherwise (a state of
+    dicts alone reads back from its paths; other pytree types need ``like=``)."""
+    if meta is None:
+        return None
+    try:
+        text = json.loads(bytes(np.asarray(meta, dtype=np.uint8)).decode()).get("treedef")
+    except (ValueError, TypeError, AttributeError, UnicodeDecodeError):
+        return None
+    found = template(text)
+    return found if beyond_dicts(found) else None
 
 
 class Trajectory:
@@ -332,7 +347,9 @@ class Trajectory:
         back as the kernel's own pytree: namedtuples, dataclasses (``flax.struct``/``chex``
         style included) and registered nodes, rebuilt from the stored key paths, with typed PRNG
         keys wrapped again; the types come from ``like``, never from the file (opening a file
-        runs no code). Without ``like``: nested dicts of numpy arrays.
+        runs no code). Without ``like``: one array, or nested dicts of numpy arrays; a
+        checkpointed state made of tuples and lists (and dicts, None) comes back as them, from the
+        structure the checkpoint keeps (parsed, never evaluated).
         """
         for name in ("checkpoint", "postmortem"):  # one snapshot read, not every one stored
             snap = self.snapshot(name, step)
@@ -343,7 +360,10 @@ class Trajectory:
             stored = sorted(set(self.attachment_steps("checkpoint")) | set(self.attachment_steps("postmortem")))
             raise JaxlogError(f"{self.path or 'trajectory'}: no state stored at step {step} "
                               f"(states stored at steps: {stored or 'none'})")
+        meta = snap.arrays.get(CHECKPOINT_META)
         flat = {p: v for p, v in flat.items() if p == "state" or p.startswith("state/")}
+        if like is None:
+            like = _containers(meta)
         if like is None:
             return flat["state"] if "state" in flat else _nest(flat, "state")
         return _rebuild(flat, impls, like, where=f"the state at step {step}")
