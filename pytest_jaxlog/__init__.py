@@ -32,6 +32,8 @@ _EXPORTS = {
     "Run": "drive.run",
     "Recorder": "drive.recorder",
     "resume": "drive.resume",
+    "from_arrays": "drive.arrays",
+    "ArraysRun": "drive.arrays",
     "Logger": "drive.loggers",
     "CompositeLogger": "drive.loggers",
     "NullLogger": "drive.loggers",
@@ -106,6 +108,7 @@ if _typing.TYPE_CHECKING:  # static re-exports for type checkers and IDEs
     from .profiling.window import ProfileWindow
     from .drive.recorder import Recorder
     from .drive.resume import resume
+    from .drive.arrays import ArraysRun, from_arrays
     from .record.records import Record
     from .drive.run import Run, run
     from .record.schedule import Schedule, at, every, window

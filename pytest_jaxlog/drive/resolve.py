@@ -19,9 +19,11 @@ import numpy as np
 from ..errors import JaxlogError
 from ..record.frames import LeafSpec, Schema
 from ..record.numbers import check_dt
-from ..record.records import AUX, LOG, check_name, leaf_paths
+from ..record.records import AUX, LOG, leaf_paths
 from ..record.schedule import Every, Schedule, as_schedule
 from ..logs import Shapes, collect, has_logs, shapes_and_logs
+from ..logs.call import check_log_name
+from ..store.system_view import WHEN  # "when/<record>": a batched record's per-system when= flags
 
 AUX_SCHEDULE = Every(1, start=1)  # aux comes out of the application k -> k+1: recorded at k+1
 LOG_SCHEDULE = AUX_SCHEDULE  # so do the step's logs
@@ -55,6 +57,38 @@ class BroadcastView:
         return jnp.broadcast_to(x, (self.n_systems,)) if jnp.shape(x) == () else x
 
 
+
+
+@dataclasses.dataclass(frozen=True)
+class WhenFlags:
+    """The view of a batched record's ``when=`` that returns one bool per system: recorded as
+    ``"when/<record>"`` beside the record, on its schedule and with its ``when=``, so each kept
+    row also says which systems it was kept for (a row is kept where any system's flag holds;
+    ``traj.system(i)`` reads back only system i's own rows)."""
+
+    when: Callable
+
+    def __call__(self, state: Any) -> Any:
+        return self.when(state)
+
+
+def _when_lanes(lane: Any, state: Any, n_systems: int | None, names: set[str]) -> list:
+    """The ``"when/<record>"`` lane of a batched view lane whose ``when=`` returns one bool per
+    system (none otherwise: one bool keeps or drops a row for every system alike)."""
+    if n_systems is None or lane.when is None or lane.from_step or lane.log_paths is not None:
+        return []
+    try:
+        flag = jax.eval_shape(lane.when, state)
+    except Exception:  # the program reports a when= that fails, with the record named
+        return []
+    if getattr(flag, "shape", None) != (n_systems,) or getattr(flag, "dtype", None) != jnp.bool_:
+        return []
+    if WHEN in names:
+        raise JaxlogError(f"record name {WHEN!r} is taken: in a batched run, {WHEN}/<record> holds which systems "
+                          f"each row of a per-system when= record was kept for (record {lane.name!r}); rename it")
+    return [dataclasses.replace(lane, name=f"{WHEN}/{lane.name}", view=WhenFlags(lane.when))]
+
+
 def view_values(name: str, view: Callable, state: Any, *, keys_as_data: bool = True) -> dict[str, Any]:
     """``{record path: value}`` of one view on ``state``, what it logs (``"log/<name>"``) included."""
     if isinstance(view, BroadcastView):
@@ -77,17 +111,49 @@ def _view_logs(view: Callable, state: Any) -> bool:
         return False  # eagerly, where jl.log does nothing: there is nothing to collect
 
 
-def log_schedules(logs: Mapping[str, Any] | None) -> tuple[tuple[str, Schedule], ...]:
-    """``jl.run(logs=...)``: (log name, schedule) pairs (an int n means every n steps; names not
-    listed are recorded every step). Logs come out of the application k -> k+1, like aux, so
-    "every step" means steps 1, 2, ..."""
+class LeftOut(Schedule):
+    """``logs={"x": False}``: the log ``x`` is not recorded (its lane is dropped when the run's
+    lanes are resolved). A schedule so that it travels where the others do; it names no step."""
+
+    def steps_between(self, lo: int, hi: int) -> np.ndarray:
+        return np.zeros(0, np.int64)
+
+    def mask(self, steps: np.ndarray) -> np.ndarray:
+        return np.zeros(np.shape(steps), bool)
+
+    def max_in_span(self, length: int) -> int:
+        return 0
+
+    def to_json(self) -> dict:
+        return {"kind": "left out"}
+
+    def __repr__(self) -> str:
+        return "False"
+
+
+LEFT_OUT = LeftOut()
+
+
+def log_schedules(logs: Any) -> tuple[tuple[str, Schedule], ...]:
+    """``jl.run(logs=...)``: (log name, schedule) pairs. As ``aux=``: a dict of name -> schedule
+    (an int n means every n steps; None: the default, every step; False: left out, not recorded),
+    or a name or list of names (each every step). Names not listed are recorded every step. Logs
+    come out of the application k -> k+1, like aux, so "every step" means steps 1, 2, ..."""
     if logs is None:
         return ()
+    if isinstance(logs, str):
+        logs = {logs: None}
+    elif isinstance(logs, (list, tuple)):
+        logs = {name: None for name in logs}
     if not isinstance(logs, Mapping):
-        raise JaxlogError(f"logs= must be a dict of log name -> schedule, got {type(logs).__name__}")
-    out = []
+        raise JaxlogError(f"logs= must be a dict of log name -> schedule (False leaves a log out) or a list of "
+                          f"log names, got {type(logs).__name__}")
+    out: list[tuple[str, Any]] = []
     for name, sched in logs.items():
-        check_name(name, "logs= name")
+        check_log_name(name, "logs=")
+        if sched is False:
+            out.append((name, LEFT_OUT))
+            continue
         sched = as_schedule(sched, f"logs={name!r}")
         out.append((name, LOG_SCHEDULE if sched.is_every_step else sched))
     return tuple(out)
@@ -260,7 +326,12 @@ def resolve(lanes: Sequence[Any], state: Any, *, aux: Callable[[Any], Any] | Non
     args = (state,) if abstract else ()
     out_lanes: list = []
     per_lane: list[tuple[LeafSpec, ...]] = []
+    if abstract:
+        names = {ln.name for ln in lanes}
+        lanes = [x for ln in lanes for x in (ln, *_when_lanes(ln, state, n_sys, names))]
     for lane in lanes:
+        if lane.log_paths is not None and lane.schedule is LEFT_OUT:  # logs={"x": False}: not recorded
+            continue
         if lane.log_paths is not None:
             mine = lane_leaves(lane.name, LOG, lane.schedule,
                                lambda st=state, ln=lane: ln.read(None, None, logs(st)), args, n_sys, "log").leaves

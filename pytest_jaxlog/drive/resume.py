@@ -9,6 +9,7 @@ from typing import Any, Callable
 from ..errors import JaxlogError, hide_frame_from_checks
 from ..record.records import normalize_records
 from ..record.schedule import check_count
+from ..store.treedef import beyond_dicts, template
 from .checkpoint import prepare, rebuild_state
 from .run import Run, resume_run
 
@@ -43,6 +44,9 @@ def resume(path: str | os.PathLike, step: Callable, steps: int, *, like: Any = N
             raise JaxlogError(f"resume({path}, steps={steps}): the checkpoint is at step {point.step}, past the "
                               "run's total: steps is the whole run's length")
         where = f"{path} checkpoint at step {point.step}"
+        if like is None:  # a state of tuples and lists (or one array) comes back without like=
+            plain = template(point.meta.treedef)
+            like = plain if beyond_dicts(plain) else None
         state = rebuild_state(found.checkpoint.state, found.checkpoint.key_impls, like, point.meta, where)
         extra = list(sinks) if isinstance(sinks, (list, tuple)) else [sinks]
         file_sink = HDF5Writer(Path(path), **(writer or {}))

@@ -252,6 +252,33 @@ class JaxlogFixture:
         self.runs.append(result)
         return result
 
+    def from_arrays(self, records: Any, *, name: str | None = None, sinks: Any = (), on_violation: Any = _UNSET,
+                    writer_kwargs: dict | None = None, **kwargs: Any) -> Any:
+        """``jl.from_arrays`` writing ``<dir>/<name or trajectory[-i]>.h5``: arrays computed elsewhere
+        checked and stored as this test's run (goldens, plots and reports as for ``run``)."""
+        from ..drive.arrays import from_arrays as jl_from_arrays
+        from ..store.hdf5 import HDF5Writer
+
+        name = self._name(name)
+        writer = HDF5Writer(self._file(name, ".h5"), **(writer_kwargs or {}))
+        kwargs.update(sinks=(writer, *tuple(sinks)),
+                      on_violation=self.settings.on_violation if on_violation is _UNSET else on_violation)
+        caught: list = []
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                result = jl_from_arrays(records, **kwargs)
+        except BaseException as e:
+            self._collect(writer, None, getattr(e, "jaxlog_run", None), name)
+            if isinstance(e, AssertionError) and hasattr(e, "invariant"):
+                self._note_violation(e, name)
+            _reemit(caught)
+            raise
+        _reemit(caught)
+        self._collect(writer, None, result, name)
+        self._note_violation(result.violation, name)
+        self.runs.append(result)
+        return result
+
     def _collect(self, writer: Any, window: Any, result: Any, name: str) -> None:
         arts: dict[str, Path] = {}
         for src in (writer, window, result):

@@ -23,7 +23,7 @@ from ..record.records import check_name
 from .compat import enclosing_traces, tracer_trace
 from .primitive import COLLECTING, Site, log_p
 
-__all__ = ["log", "RESERVED_FIELDS", "calls_made", "probing", "Unheard", "unheard", "unheard_count"]
+__all__ = ["log", "check_log_name", "RESERVED_FIELDS", "calls_made", "probing", "Unheard", "unheard", "unheard_count"]
 
 RESERVED_FIELDS = ("value", "valid", "count", "overflow")
 
@@ -116,8 +116,24 @@ def _count(name: str, where: str, collecting: bool) -> None:
         _CALLS.last_unheard = (name, where)
 
 
+def check_log_name(name: Any, where: str) -> str:
+    """A log's name: one path component, as a record's is; the advice fits logs (a dict value
+    nests names), not views."""
+    try:
+        return check_name(name)
+    except JaxlogError:
+        pass
+    advice = "use a non-empty string without '/', not starting with a space"
+    if isinstance(name, str) and name.strip("/"):
+        head, _, rest = name.strip("/").partition("/")
+        if rest:
+            advice = (f"a log's name is one part; to nest, log a dict under the first part: jl.log({head!r}, "
+                      f"{{{rest!r}: value}}) is recorded as 'log/{head}/{rest}' (and chosen in logs= as {head!r})")
+    raise JaxlogError(f"{where}: log name {name!r} is invalid: {advice}")
+
+
 def _log_one(name: Any, value: Any, capacity: Any, indices: dict, where: str) -> None:
-    check_name(name, "log name")
+    check_log_name(name, f"log at {where}")
     if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer))
                                  or capacity < 1):
         raise JaxlogError(f"log {name!r} at {where}: capacity must be an int >= 1, got {capacity!r}")

@@ -32,6 +32,7 @@ from .format import CRC_ATTR, json_crc32
 from .hdf5 import HDF5Writer
 from .parts import PartIndex, invalid_index, read_blocks, read_index
 from .selection import select_frames
+from .treedef import CHECKPOINT_META, beyond_dicts, template
 from .sink import STATUSES
 
 _REQUIRED = ("format_version", "schema", "status", "steps_done")
@@ -151,12 +152,14 @@ def _steps_summary(steps: np.ndarray) -> str:
     return f"{len(steps)} steps from {int(steps[0])} to {int(steps[-1])}"
 
 
-def _rebuild(flat: dict[str, np.ndarray], impls: dict[str, str], like: Any, *, where: str) -> Any:
-    """``like``'s pytree with its leaves taken from ``flat`` (``{"state/<key path>": array}``)."""
+def _rebuild(flat: dict[str, np.ndarray], impls: dict[str, str], like: Any, *, where: str, prefix: str = "state",
+             frames: bool = False) -> Any:
+    """``like``'s pytree with its leaves taken from ``flat`` (``{"<prefix>/<key path>": array}``);
+    ``frames``: each array has a leading frame axis before ``like``'s leaf shape."""
     import jax
 
     pairs, treedef = jax.tree_util.tree_flatten_with_path(like)
-    paths = leaf_paths("state", [kp for kp, _ in pairs])
+    paths = leaf_paths(prefix, [kp for kp, _ in pairs])
     missing = [p for p in paths if p not in flat]
     if missing:
         raise JaxlogError(f"{where} does not match like=: the file has no {', '.join(missing[:5])} "
@@ -165,16 +168,31 @@ def _rebuild(flat: dict[str, np.ndarray], impls: dict[str, str], like: Any, *, w
     if extra:
         raise JaxlogError(f"{where} does not match like=: like= has no leaf for {', '.join(extra[:5])}")
     leaves = []
-    for path, (_, template) in zip(paths, pairs):
+    for path, (_, like_leaf) in zip(paths, pairs):
         value = flat[path]
         impl = impls.get(path.removeprefix("state/")) or impls.get(path)
         if impl is not None:
             value = jax.random.wrap_key_data(value, impl=impl)
-        want = getattr(template, "shape", None)
-        if want is not None and tuple(value.shape) != tuple(want):
-            raise JaxlogError(f"{where}: leaf {path} has shape {tuple(value.shape)}, like= has {tuple(want)}")
+        want, got = getattr(like_leaf, "shape", None), tuple(value.shape)[1 if frames else 0:]
+        if want is not None and got != tuple(want):
+            raise JaxlogError(f"{where}: leaf {path} has {'frames of ' if frames else ''}shape {got}, like= has "
+                              f"{tuple(want)}")
         leaves.append(value)
     return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def _containers(meta: Any) -> Any:
+    """A checkpoint's state structure as a template when it is made of tuples and lists (and
+    dicts, None, arrays), from the structure the checkpoint keeps; None otherwise (a state of
+    dicts alone reads back from its paths; other pytree types need ``like=``)."""
+    if meta is None:
+        return None
+    try:
+        text = json.loads(bytes(np.asarray(meta, dtype=np.uint8)).decode()).get("treedef")
+    except (ValueError, TypeError, AttributeError, UnicodeDecodeError):
+        return None
+    found = template(text)
+    return found if beyond_dicts(found) else None
 
 
 class Trajectory:
@@ -329,7 +347,9 @@ class Trajectory:
         back as the kernel's own pytree: namedtuples, dataclasses (``flax.struct``/``chex``
         style included) and registered nodes, rebuilt from the stored key paths, with typed PRNG
         keys wrapped again; the types come from ``like``, never from the file (opening a file
-        runs no code). Without ``like``: nested dicts of numpy arrays.
+        runs no code). Without ``like``: one array, or nested dicts of numpy arrays; a
+        checkpointed state made of tuples and lists (and dicts, None) comes back as them, from the
+        structure the checkpoint keeps (parsed, never evaluated).
         """
         for name in ("checkpoint", "postmortem"):  # one snapshot read, not every one stored
             snap = self.snapshot(name, step)
@@ -340,10 +360,32 @@ class Trajectory:
             stored = sorted(set(self.attachment_steps("checkpoint")) | set(self.attachment_steps("postmortem")))
             raise JaxlogError(f"{self.path or 'trajectory'}: no state stored at step {step} "
                               f"(states stored at steps: {stored or 'none'})")
+        meta = snap.arrays.get(CHECKPOINT_META)
         flat = {p: v for p, v in flat.items() if p == "state" or p.startswith("state/")}
+        if like is None:
+            like = _containers(meta)
         if like is None:
             return flat["state"] if "state" in flat else _nest(flat, "state")
         return _rebuild(flat, impls, like, where=f"the state at step {step}")
+
+    def tree(self, name: str, like: Any) -> Any:
+        """Record ``name`` as ``like``'s pytree (the view's output for one step: namedtuples,
+        dataclasses, registered nodes, typed PRNG keys wrapped again), each leaf with a leading
+        frame axis: a sampler's positions as the kernel's own type, as :meth:`state` rebuilds
+        stored states. The types come from ``like``, never from the file."""
+        paths = self.schema.resolve(name)
+        flat = {p: self._values(p, None) for p in paths}
+        impls = {p: self.schema[p].key_impl for p in paths if self.schema[p].key_impl is not None}
+        return _rebuild(flat, impls, like, where=f"record {name!r}", prefix=name, frames=True)
+
+    def system(self, i: int) -> "Trajectory":
+        """System ``i``'s own trajectory in a batched run: every record's frames and steps where
+        the row holds system ``i``'s data (``traj.system(i)["x"]``, ``.steps("x")``), without the
+        system axis. Rows kept by a per-system ``when=`` for other systems only, and rows after
+        system ``i`` stopped (``until=``), are not in it; a shared leaf is the same for every system."""
+        from .system_view import SystemTrajectory
+
+        return SystemTrajectory(self, i)
 
     def steps(self, name: str, index: Any = None) -> np.ndarray:
         """Recorded step numbers of a record (for a group: its leaves must share them)."""
