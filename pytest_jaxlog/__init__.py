@@ -27,6 +27,7 @@ _EXPORTS = {
     "JaxlogRuntimeWarning": "errors",
     "Terminated": "errors",
     "JaxlogAssertionError": "errors",
+    "CostRegression": "errors",
     # drivers and loggers
     "run": "drive.run",
     "Run": "drive.run",
@@ -67,6 +68,9 @@ _EXPORTS = {
     "TimingAssertionError": "profiling.timings",
     "Trace": "profiling.trace",
     "load_trace": "profiling.trace",
+    # compiled costs and benchmarks
+    "Cost": "profiling.cost",
+    "cost": "profiling.cost",
     # golden trajectories
     "assert_trajectory_close": "golden",
     "TrajectoryMismatch": "golden",
@@ -89,7 +93,8 @@ def __dir__() -> list[str]:
 
 
 if _typing.TYPE_CHECKING:  # static re-exports for type checkers and IDEs
-    from .errors import JaxlogAssertionError, JaxlogError, JaxlogRuntimeWarning, Terminated, WriterError
+    from .errors import CostRegression, JaxlogAssertionError, JaxlogError, JaxlogRuntimeWarning, Terminated, WriterError
+    from .profiling.cost import Cost, cost
     from .record.frames import Frames, LeafSpec, Schema
     from .golden import TrajectoryMismatch, assert_trajectory_close
     from .store.hdf5 import HDF5Writer

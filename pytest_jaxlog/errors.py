@@ -41,3 +41,12 @@ class Terminated(KeyboardInterrupt):
     def __init__(self, signum: int = 15):
         super().__init__(f"[jaxlog] terminated by signal {signum}")
         self.signum = signum
+
+
+class CostRegression(JaxlogAssertionError):
+    """A kernel's compiled cost (``jl.Cost``: flops, bytes, kernels, ...) moved from its stored
+    cost golden, up or down: ``.moved`` lists each metric with the stored and obtained figures."""
+
+    def __init__(self, message: str, moved: tuple = ()):
+        super().__init__(message)
+        self.moved = tuple(moved)

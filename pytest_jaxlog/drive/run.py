@@ -10,6 +10,7 @@ travels from chunk to chunk on the device: the chunk dispatched ahead runs no st
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import time
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from .checkpoint import META, CheckpointMeta, ResumePoint, check_against, copy_a
     step_name
 from .checkpoint import NAME as CHECKPOINT
 from .compiles import run_timings
+from .cost import run_cost
 from .loggers import ProgressLogger
 from .memo import memo, remember
 from .pipeline import Pipeline, Span
@@ -80,6 +82,11 @@ class Run:
         if self._trajectory is None:
             self._trajectory = self._sinks.trajectory()
         return self._trajectory
+
+    @functools.cached_property
+    def cost(self) -> Any:
+        """XLA's cost of one step and of each view at one recorded step (``jl.Cost``); compiled on first use."""
+        return run_cost(self._chunk_program)
 
     def compiled_chunk(self) -> Any:
         """The chunk program this run dispatched, compiled (a ``jax.stages.Compiled``, from JAX's
