@@ -71,6 +71,8 @@ _EXPORTS = {
     # compiled costs and benchmarks
     "Cost": "profiling.cost",
     "cost": "profiling.cost",
+    "benchmark": "drive.benchmark",
+    "Benchmark": "drive.benchmark",
     # golden trajectories
     "assert_trajectory_close": "golden",
     "TrajectoryMismatch": "golden",
@@ -95,6 +97,7 @@ def __dir__() -> list[str]:
 if _typing.TYPE_CHECKING:  # static re-exports for type checkers and IDEs
     from .errors import CostRegression, JaxlogAssertionError, JaxlogError, JaxlogRuntimeWarning, Terminated, WriterError
     from .profiling.cost import Cost, cost
+    from .drive.benchmark import Benchmark, benchmark
     from .record.frames import Frames, LeafSpec, Schema
     from .golden import TrajectoryMismatch, assert_trajectory_close
     from .store.hdf5 import HDF5Writer

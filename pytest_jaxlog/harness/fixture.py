@@ -291,6 +291,15 @@ class JaxlogFixture:
         __tracebackhide__ = True
         return check_cost(self._session, self._state, self._goldens, run, rtol, metrics, name)
 
+    def benchmark(self, step: Any, state: Any, steps: int, *, reference: Any = None, **kwargs: Any) -> Any:
+        """``jl.benchmark`` (warm timings, interleaved with ``reference``'s, with a confidence interval on the
+        ratio); its figures go into the test's report section."""
+        from ..drive.benchmark import benchmark
+
+        result = benchmark(step, state, steps, reference=reference, **kwargs)
+        self._state.notes.append(f"benchmark: {result.describe()}")
+        return result
+
     def load(self, name: str | None = None) -> Any:
         """``jl.load`` of this test's trajectory ``name`` (default: the first)."""
         from ..store.trajectory import load
