@@ -34,22 +34,24 @@ def calls(k):
         return s
     return many, state
 
-k, steps, repeats, number, than = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+k, steps, than, options = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), json.loads(sys.argv[4])
 kernel, state = calls(k)
 ref, ref_state = calls(2)
-b = jl.benchmark(kernel, state, steps, reference=(ref, ref_state), repeats=repeats, number=number)
+b = jl.benchmark(kernel, state, steps, reference=(ref, ref_state), **options)
 try:
     b.assert_not_slower(than=than)
     failed = False
 except jl.TimingAssertionError:
     failed = True
-print(json.dumps({"k": k, "ratio": b.ratio, "lo": b.interval.lo, "hi": b.interval.hi, "failed": failed,
+print(json.dumps({"k": k, "repeats": len(b.samples), "number": len(b.samples[0]), "ratio": b.ratio,
+                  "lo": b.interval.lo, "hi": b.interval.hi, "failed": failed,
                   "steps_per_s": b.steps_per_s, "reference_steps_per_s": b.reference_steps_per_s}))
 """
 
 
 def _start(k: int, args: argparse.Namespace) -> subprocess.Popen:
-    cmd = [sys.executable, "-c", SESSION, str(k), str(args.steps), str(args.repeats), str(args.number), str(args.than)]
+    options = {name: getattr(args, name) for name in ("repeats", "number") if getattr(args, name) is not None}
+    cmd = [sys.executable, "-c", SESSION, str(k), str(args.steps), str(args.than), json.dumps(options)]
     env = {"PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"}
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
 
@@ -58,8 +60,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sessions", type=int, default=20)
     p.add_argument("--steps", type=int, default=100, help="calls of the kernel per timed run")
-    p.add_argument("--repeats", type=int, default=9)
-    p.add_argument("--number", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=None, help="default: jl.benchmark's")
+    p.add_argument("--number", type=int, default=None, help="default: jl.benchmark's")
     p.add_argument("--than", type=float, default=1.10)
     args = p.parse_args()
     results: dict[int, list[dict]] = {2: [], 3: []}
@@ -71,7 +73,8 @@ def main() -> None:
             results[r["k"]].append(r)
     for k, what in ((2, "identical work (false alarms)"), (3, "1.5x the work (detections)")):
         rs = results[k]
-        print(f"{what}: {sum(r['failed'] for r in rs)} of {len(rs)} sessions failed at than={args.than}")
+        print(f"{what}: {sum(r['failed'] for r in rs)} of {len(rs)} sessions failed at than={args.than} "
+              f"({rs[0]['repeats']} repeats of {rs[0]['number']} runs of {args.steps} calls)")
         print("  ratios: " + " ".join(f"{r['ratio']:.3f}" for r in rs))
         print("  interval low ends: " + " ".join(f"{r['lo']:.3f}" for r in rs))
         print(f"  interval high ends: max {max(r['hi'] for r in rs):.3f}; "

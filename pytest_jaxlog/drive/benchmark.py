@@ -105,7 +105,7 @@ class Benchmark:
         return f"Benchmark({self.describe()})"
 
 
-def benchmark(step: Callable, state: Any, steps: int, *, reference: Any = None, repeats: int = 9, number: int = 3,
+def benchmark(step: Callable, state: Any, steps: int, *, reference: Any = None, repeats: int = 15, number: int = 5,
               warmup: int = 1, confidence: float = 0.95, **run_kwargs: Any) -> Benchmark:
     """Time ``jl.run(step, state, steps, **run_kwargs)`` warm: ``warmup`` runs first (compiling),
     then ``repeats`` repeats of ``number`` runs each. ``reference=(ref_step, ref_state)`` is run
