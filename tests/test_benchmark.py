@@ -8,7 +8,14 @@ import pytest
 
 import pytest_jaxlog as jl
 from examples.kernels.lj import make_lj
+from plugin_helpers import no_jaxlog_env  # noqa: F401  (no_jaxlog_env: an autouse fixture)
 from pytest_jaxlog.profiling.stats import median, median_interval, min_repeats
+
+pytest_plugins = ["pytester"]
+
+# imported before the inner run: pytester drops modules first imported during a run
+import h5py  # noqa: E402,F401
+import pytest_jaxlog.drive.benchmark, pytest_jaxlog.store.hdf5, pytest_jaxlog.profiling.timeline  # noqa: E402,F401
 
 # per repeat (seconds per run): the kernel, the reference; ratios of the fastest 2, 2, 1, 3, 1.2, 1.1, 2.5, 0.9, 1.3
 KERNEL = [(4, 5, 4.5), (4, 4, 9), (1, 1, 1), (3, 3, 4), (1.2, 2, 1.5), (2.2, 3, 5), (5, 5, 6), (0.9, 0.9, 1),
@@ -73,3 +80,21 @@ def test_five_times_the_work_is_slower_and_the_same_work_is_not():
         found.assert_not_slower(than=1.10)
     assert found.steps_per_s < found.reference_steps_per_s
     jl.benchmark(same, state, 100, reference=(fast, state), repeats=9, number=3).assert_not_slower(than=3.0)
+
+
+INNER = """
+import jax.numpy as jnp
+
+def test_speed(jaxlog):
+    found = jaxlog.benchmark(lambda x: x * 0.5, jnp.ones(8), 10, reference=lambda: jnp.ones(8) * 0.5,
+                             repeats=6, number=1)
+    assert len(found.samples) == 6 and found.interval.coverage == 1 - 2 / 64
+"""
+
+
+def test_the_fixture_reports_the_figures(pytester):
+    pytester.makepyfile(test_b=INNER)
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*test_b.py::test_speed: benchmark: ratio *(median of 6 repeats), 96.9% interval "
+                                 "[[]*]; kernel * steps/s (median of 6 runs of 10 steps), reference * steps/s"])
