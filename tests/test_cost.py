@@ -55,6 +55,7 @@ def test_cost_is_deterministic_and_the_same_jitted_or_not():
     again = [jl.cost(make_lj(N_SIDE, dt=DT)[0], state) for _ in range(2)]  # new closures: compiled anew
     assert all(c == first for c in again)
     assert jl.cost(jax.jit(step), state) == first
+    assert len({first, *again}) == 1  # hashable: a set of costs, a dict key
     abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
     assert jl.cost(step, abstract) == first
 

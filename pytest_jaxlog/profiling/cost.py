@@ -61,7 +61,7 @@ class Cost:
     device_kind: str
     jax_version: str
     x64: bool
-    views: Mapping[str, "Cost"] = field(default_factory=dict)
+    views: Mapping[str, "Cost"] = field(default_factory=dict, hash=False)
 
     def metrics(self) -> dict[str, float | int | None]:
         """Every metric by name, the views' as ``views/<record>/<metric>``: what a cost golden stores."""
