@@ -190,3 +190,15 @@ def test_cost_regression_is_an_assertion_and_a_jaxlog_error():
     e = jl.CostRegression("moved", moved=(1,))
     assert isinstance(e, AssertionError) and isinstance(e, jl.JaxlogError) and e.moved == (1,)
     assert str(e) == "[jaxlog] moved"
+
+
+def test_check_cost_takes_a_run_or_a_cost_and_names_anything_else():
+    from pytest_jaxlog.harness.costs import _cost_of
+
+    x = jnp.ones(4)
+    c = jl.cost(lambda x: x * 2, x)
+    assert _cost_of(c) is c
+    run = jl.run(lambda x: x * 2, x, 2)
+    assert _cost_of(run) is run.cost
+    with pytest.raises(jl.JaxlogError, match="expected a jl.run result or a jl.Cost, got dict"):
+        _cost_of({"flops": 1})
