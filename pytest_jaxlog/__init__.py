@@ -27,6 +27,7 @@ _EXPORTS = {
     "JaxlogRuntimeWarning": "errors",
     "Terminated": "errors",
     "JaxlogAssertionError": "errors",
+    "CostRegression": "errors",
     # drivers and loggers
     "run": "drive.run",
     "Run": "drive.run",
@@ -71,6 +72,11 @@ _EXPORTS = {
     "TimingAssertionError": "profiling.timings",
     "Trace": "profiling.trace",
     "load_trace": "profiling.trace",
+    # compiled costs and benchmarks
+    "Cost": "profiling.cost",
+    "cost": "profiling.cost",
+    "benchmark": "drive.benchmark",
+    "Benchmark": "drive.benchmark",
     # golden trajectories
     "assert_trajectory_close": "golden",
     "TrajectoryMismatch": "golden",
@@ -96,7 +102,9 @@ def __dir__() -> list[str]:
 
 
 if _typing.TYPE_CHECKING:  # static re-exports for type checkers and IDEs
-    from .errors import JaxlogAssertionError, JaxlogError, JaxlogRuntimeWarning, Terminated, WriterError
+    from .errors import CostRegression, JaxlogAssertionError, JaxlogError, JaxlogRuntimeWarning, Terminated, WriterError
+    from .profiling.cost import Cost, cost
+    from .drive.benchmark import Benchmark, benchmark
     from .record.frames import Frames, LeafSpec, Schema
     from .golden import Diff, RecordDiff, TrajectoryMismatch, assert_trajectory_close, diff_trajectories
     from .store.hdf5 import HDF5Writer

@@ -50,3 +50,12 @@ def hide_frame_from_checks(excinfo) -> bool:
     ``pytest --full-trace`` shows every frame. ``excinfo``: pytest's ``ExceptionInfo`` (duck-typed:
     the core never imports pytest)."""
     return isinstance(getattr(excinfo, "value", None), JaxlogAssertionError)
+
+
+class CostRegression(JaxlogAssertionError):
+    """A kernel's compiled cost (``jl.Cost``: flops, bytes, kernels, ...) moved from its stored
+    cost golden, up or down: ``.moved`` lists each metric with the stored and obtained figures."""
+
+    def __init__(self, message: str, moved: tuple = ()):
+        super().__init__(message)
+        self.moved = tuple(moved)

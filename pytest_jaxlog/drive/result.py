@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..record.frames import Schema
+from .cost import run_cost
 
 __all__ = ["Run", "Outcome", "make_run", "STOP_REASONS"]
 
@@ -46,6 +48,11 @@ class Run:
         if self._trajectory is None:
             self._trajectory = self._sinks.trajectory()
         return self._trajectory
+
+    @functools.cached_property
+    def cost(self) -> Any:
+        """XLA's cost of one step and of each view at one recorded step (``jl.Cost``); compiled on first use."""
+        return run_cost(self._chunk_program)
 
     def compiled_chunk(self) -> Any:
         """The chunk program this run dispatched, compiled (a ``jax.stages.Compiled``, from JAX's

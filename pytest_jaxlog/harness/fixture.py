@@ -328,6 +328,24 @@ class JaxlogFixture:
         __tracebackhide__ = True
         return check(self._session, self._state, self._goldens, run, name, options)
 
+    def check_cost(self, run: Any, rtol: float = 0.0, metrics: Any = None, *, name: str | None = None) -> str:
+        """Compare ``run.cost`` (or a ``jl.Cost``) with this platform's entry in
+        ``<jaxlog_golden_dir>/<test id>[--name].cost.json``; ``jl.CostRegression`` names each metric that moved
+        beyond ``rtol`` (either way). ``--jaxlog-regen``/``--jaxlog-create-goldens`` as for ``check_golden``."""
+        from .costs import check_cost
+
+        __tracebackhide__ = True
+        return check_cost(self._session, self._state, self._goldens, run, rtol, metrics, name)
+
+    def benchmark(self, step: Any, state: Any, steps: int, *, reference: Any = None, **kwargs: Any) -> Any:
+        """``jl.benchmark`` (warm timings, interleaved with ``reference``'s, with a confidence interval on the
+        ratio); its figures go into the test's report section."""
+        from ..drive.benchmark import benchmark
+
+        result = benchmark(step, state, steps, reference=reference, **kwargs)
+        self._state.notes.append(f"benchmark: {result.describe()}")
+        return result
+
     def load(self, name: str | None = None) -> Any:
         """``jl.load`` of this test's trajectory ``name`` (default: the first)."""
         from ..store.trajectory import load
