@@ -15,7 +15,7 @@ from .harness.devices import ChildReports, DevicesPlugin, child_spec
 from .harness.factory import JaxlogFactory
 from .harness.fixture import JaxlogFixture
 from .harness.options import add_options, marker_settings
-from .harness.session import REPORTS_KEY, SESSION_KEY, JaxlogSession
+from .harness.session import REPORTS_KEY, SESSION_KEY, JaxlogSession, uses_jaxlog
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -36,8 +36,6 @@ def pytest_configure(config: pytest.Config) -> None:
     child = child_spec()
     if child is not None:
         config.pluginmanager.register(ChildReports(config, child), "jaxlog-child-reports")
-    session.catch_sigterm()
-    session.use_compile_cache()  # conftests have run: JAX is configured (through its variables if not imported)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -104,6 +102,8 @@ class _Collector:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    if uses_jaxlog(item):  # the first such test sets up SIGTERM handling and the compile cache
+        item.config.stash[SESSION_KEY].activate()
     if item.get_closest_marker("jaxlog") is not None:
         try:
             marker_settings(item, item.config.stash[SESSION_KEY].settings)

@@ -626,7 +626,8 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
             written_state, state_step = (cur, cur_step) if not any_deleted(cur) else (None, written_step)
         exc.jaxlog_run = Run(written_state, state_step,
                              run_timings(tracker, time.perf_counter() - t_start, state_step - start_step,
-                                         state_leaves=leaves),
+                                         state_leaves=leaves,
+                                         programs=int(chunk_program is not None)),  # programs: one per dispatched kernel
                              pipe.first, pipe.artifacts, schema, chunk, status, pipe, stop_reason="interrupted",
                              systems_done=systems_done, _chunk_program=chunk_program)
         raise
@@ -650,7 +651,8 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
     t_done = time.perf_counter()
     stepping_s = None if t_loop is None else t_done - t_loop - first_call_s
     timings = run_timings(tracker, t_done - t_start, written_step - start_step, window_s, state_leaves=leaves,
-                          stepping_s=stepping_s)
+                          stepping_s=stepping_s,
+                          programs=int(chunk_program is not None))  # programs: one per dispatched kernel
     result = Run(cur, written_step, timings, violation, {**pipe.artifacts, **window_artifacts}, schema, chunk,
                  status, pipe, stop_reason=stop_reason, systems_done=systems_done,
                  _chunk_program=chunk_program)

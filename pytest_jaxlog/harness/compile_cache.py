@@ -1,4 +1,11 @@
-"""``--jaxlog-compile-cache DIR``: JAX's persistent compilation cache for the session.
+"""``--jaxlog-compile-cache DIR``: JAX's persistent compilation cache for the session (by default
+one in pytest's cache directory, set up when the first test uses jaxlog).
+
+Why the default directory is split by machine: XLA:CPU compiles for the CPU it runs on, and JAX's
+cache key does not name the CPU's features, so an entry written on a runner with AVX-512 loaded on
+one without it can crash with an illegal instruction. The default cache (``.pytest_cache``, which
+CI often saves and restores across runners) therefore keeps one subdirectory per CPU model and
+flags, machine, jax/jaxlib versions and platforms (``machine_key``).
 
 Why the settings go through the environment when jax is not imported yet: the plugin must not
 import jax when it loads or configures (a conftest may still set ``XLA_FLAGS``/``JAX_*``), and JAX
@@ -12,8 +19,11 @@ as pytester's, leaves the outer process as it found it).
 
 from __future__ import annotations
 
+import hashlib
 import os
+import platform
 import sys
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
 
@@ -58,6 +68,47 @@ def use_compile_cache(directory: Path) -> Callable[[], None]:
                 jax_now.config.update(name, defaults[name] if old is None else type(values[name])(old))
             _reset_cache()
     return restore
+
+
+def machine_key() -> str:
+    """The name of this machine's subdirectory of the default cache: ``<machine>-<hash>``, the hash
+    of the CPU's model and feature flags, the jax and jaxlib versions and the platforms JAX may use.
+    Read without importing jax (the versions from the installed distributions)."""
+    parts = [platform.machine(), platform.system(), _cpu_features()]
+    for dist in ("jax", "jaxlib"):
+        try:
+            parts.append(f"{dist}={metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            parts.append(f"{dist}=?")
+    jax = sys.modules.get("jax")
+    platforms = getattr(getattr(jax, "config", None), "jax_platforms", None) if jax is not None else None
+    parts.append(f"platforms={platforms or os.environ.get('JAX_PLATFORMS', '')}")
+    digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+    return f"{platform.machine() or 'cpu'}-{digest}"
+
+
+def _cpu_features() -> str:
+    """The CPU model and feature flags: the first processor's lines of ``/proc/cpuinfo`` on Linux
+    (model name, flags; ``Features``/``CPU part`` on Arm), else what ``platform`` knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+    except OSError:
+        return f"{platform.processor()}|{platform.platform()}"
+    first = text.split("\n\n", 1)[0]
+    keep = ("vendor_id", "model name", "cpu family", "model", "flags", "features", "cpu implementer",
+            "cpu architecture", "cpu variant", "cpu part", "isa")
+    lines = [ln for ln in first.splitlines() if ln.split(":", 1)[0].strip().lower() in keep]
+    return "|".join(" ".join(ln.split()) for ln in lines) or platform.processor()
+
+
+def configured_elsewhere() -> bool:
+    """Whether the user set JAX's cache directory already (its variable, or ``jax.config`` in a
+    conftest): the default then leaves JAX as it is."""
+    if os.environ.get(_SETTINGS[0].upper()):
+        return True
+    jax = sys.modules.get("jax")
+    return bool(jax is not None and hasattr(jax, "config") and getattr(jax.config, _SETTINGS[0], None))
 
 
 def _reset_cache() -> None:

@@ -34,6 +34,7 @@ from .options import (
 MANIFEST_VERSION = 2
 MANIFEST_NAME = "manifest.json"
 JAXLOG_FIXTURES = ("jaxlog", "jaxlog_factory")
+DEFAULT_COMPILE_CACHE = "jaxlog-compile-cache"  # under pytest's cache directory (.pytest_cache/d/)
 
 
 def safe_name(nodeid: str) -> str:
@@ -203,6 +204,7 @@ class JaxlogSession:
         except JaxlogError as e:
             raise pytest.UsageError(str(e)) from None
         self._undo_compile_cache = None
+        self.active = False  # set on the first test that uses jaxlog (activate)
         golden = Path(os.path.expanduser(str(config.getini(GOLDEN_DIR_INI))))
         self.golden_dir = golden if golden.is_absolute() else self.rootdir / golden
         self.entries: dict[str, dict] = {}
@@ -212,6 +214,15 @@ class JaxlogSession:
         self.removed_stale: list[str] = []
         self.start_notes: list[str] = []
         self.previous_manifest = False
+
+    def activate(self) -> None:
+        """On the first test that uses jaxlog (fixture or marker), not at configure: a session where
+        no test asks for jaxlog keeps its SIGTERM handler and JAX's settings as they were."""
+        if self.active:
+            return
+        self.active = True
+        self.catch_sigterm()
+        self.use_compile_cache()
 
     def catch_sigterm(self) -> None:
         """SIGTERM (CI cancellation, a job time limit) ends the session like Ctrl-C: the running
@@ -230,9 +241,12 @@ class JaxlogSession:
             held.__exit__(None, None, None)
 
     def _resolve_compile_cache(self) -> Path | None:
+        """The directory given (option, variable, ini key), or None: off, or the default, which
+        ``use_compile_cache`` finds on first use (``self.default_compile_cache``)."""
         src = lookup(self.config, "compile_cache")
         text = str(src.value).strip()
-        if text.lower() in ("", "none", "off"):
+        self.default_compile_cache = text.lower() in ("", "auto")
+        if text.lower() in ("", "auto", "none", "off", "0", "false", "no"):
             return None
         where = self.invocation_dir if src.origin in ("cli", "env") else self.rootdir
         path = (where / os.path.expanduser(text)).resolve()
@@ -241,14 +255,26 @@ class JaxlogSession:
         return path
 
     def use_compile_cache(self) -> None:
-        """Point JAX's persistent compilation cache at ``--jaxlog-compile-cache`` for this session."""
-        if self.compile_cache is not None and self._undo_compile_cache is None:
-            from .compile_cache import use_compile_cache
+        """Point JAX's persistent compilation cache at ``--jaxlog-compile-cache`` for this session; by
+        default at this machine's subdirectory of pytest's cache (none under ``-p no:cacheprovider``,
+        nor where the user configured JAX's cache directory already)."""
+        if self._undo_compile_cache is not None:
+            return
+        from .compile_cache import configured_elsewhere, machine_key, use_compile_cache
 
+        if self.compile_cache is None and self.default_compile_cache:
+            cache = getattr(self.config, "cache", None)  # absent under -p no:cacheprovider
+            if cache is None or configured_elsewhere():
+                return
+            try:
+                self.compile_cache = Path(cache.mkdir(DEFAULT_COMPILE_CACHE)) / machine_key()
+            except OSError:  # an unwritable pytest cache: no default cache, as cacheprovider itself copes
+                return
+        if self.compile_cache is not None:
             try:
                 self._undo_compile_cache = use_compile_cache(self.compile_cache)
-            except OSError as e:
-                raise pytest.UsageError(f"jaxlog compile_cache: cannot create {self.compile_cache}: {e}") from None
+            except OSError as e:  # on first use, inside a test: that test errors with the reason
+                raise JaxlogError(f"[jaxlog] compile_cache: cannot create {self.compile_cache}: {e}") from None
 
     def release_compile_cache(self) -> None:
         undo, self._undo_compile_cache = self._undo_compile_cache, None
@@ -316,6 +342,7 @@ class JaxlogSession:
         """The item's state, created (with a fresh artifact directory) on first use."""
         state = item.stash.get(STATE_KEY, None)
         if state is None:
+            self.activate()  # a fixture asked for by request.getfixturevalue: no setup hook saw it coming
             error = None
             try:
                 settings = marker_settings(item, self.settings)
