@@ -108,7 +108,7 @@ def test_configuring_the_cache_imports_no_jax(tmp_path):
                          cwd=tmp_path).stdout
     assert "COLLECTED False" in out  # nothing is set up until a test uses jaxlog
     # the test that used jaxlog ran with the variable JAX reads at import set, jax not imported
-    assert f"DURING False {tmp_path / 'c'}" in out
+    assert f"DURING False {tmp_path / 'c'}/." in out  # this process's own directory inside it
     # no jax imported; the variable was set for the session and put back after it
     assert out.strip().splitlines()[-1] == "[] None"
     assert (tmp_path / "c").is_dir()
@@ -153,3 +153,28 @@ def test_sessions_under_xdist_share_the_default_cache_without_warnings(pytester)
     caches = list((pytester.path / ".pytest_cache" / "d" / "jaxlog-compile-cache").iterdir())
     assert [c.name for c in caches] == [machine_key()]
     assert any(p.name.startswith("jit_chunk_impl") for p in caches[0].iterdir())
+
+
+def test_each_process_writes_privately_and_publishes_whole_entries(tmp_path):
+    from pytest_jaxlog.harness.compile_cache import PrivateCache
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "jit_old-cache").write_bytes(b"old entry")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    import socket
+
+    leftover = shared / f".{socket.gethostname()}-{dead.pid}.private"  # a process killed before publishing
+    leftover.mkdir()
+    (leftover / "jit_half-cache").write_bytes(b"trunc")
+    cache = PrivateCache(shared)
+    private = cache.open()
+    assert private.parent == shared and not leftover.exists()
+    assert (private / "jit_old-cache").read_bytes() == b"old entry"  # seeded from the shared entries
+    assert (private / "jit_old-cache").stat().st_ino == (shared / "jit_old-cache").stat().st_ino  # a link
+    (private / "jit_new-cache").write_bytes(b"new entry")  # what JAX writes during the session
+    assert not (shared / "jit_new-cache").exists()  # no other process sees it half written
+    assert cache.publish() == 1
+    assert sorted(p.name for p in shared.iterdir()) == ["jit_new-cache", "jit_old-cache"]
+    assert (shared / "jit_new-cache").read_bytes() == b"new entry"

@@ -73,7 +73,9 @@ def test_the_first_test_that_uses_jaxlog_sets_up_sigterm_and_the_default_cache(t
     assert cache.is_dir()
     for seen in (uses, marked):  # from the first use on, for the rest of the session
         assert not seen["sigterm_default"]
-        assert (seen["config"] if jax_first else seen["env"]) == str(cache)
+        private = Path(seen["config"] if jax_first else seen["env"])  # this process's own, inside it
+        assert private.parent == cache and private.name.startswith(".") and private.name.endswith(".private")
+    assert not list(cache.glob(".*"))  # published and removed at the end of the session
     assert (after["sigterm_default"], after["env"], after["config"]) == (True, None, None)
 
 

@@ -260,7 +260,7 @@ class JaxlogSession:
         nor where the user configured JAX's cache directory already)."""
         if self._undo_compile_cache is not None:
             return
-        from .compile_cache import configured_elsewhere, machine_key, use_compile_cache
+        from .compile_cache import PrivateCache, configured_elsewhere, machine_key, use_compile_cache
 
         if self.compile_cache is None and self.default_compile_cache:
             cache = getattr(self.config, "cache", None)  # absent under -p no:cacheprovider
@@ -271,12 +271,19 @@ class JaxlogSession:
             except OSError:  # an unwritable pytest cache: no default cache, as cacheprovider itself copes
                 return
         if self.compile_cache is not None:
+            private = PrivateCache(self.compile_cache)
             try:
-                self._undo_compile_cache = use_compile_cache(self.compile_cache)
+                undo = use_compile_cache(private.open())
             except OSError as e:  # on first use, inside a test: that test errors with the reason
                 raise JaxlogError(f"[jaxlog] compile_cache: cannot create {self.compile_cache}: {e}") from None
 
+            def release() -> None:
+                undo()
+                private.publish()
+            self._undo_compile_cache = release
+
     def release_compile_cache(self) -> None:
+        """JAX's settings back as they were, and this session's new entries into the shared cache."""
         undo, self._undo_compile_cache = self._undo_compile_cache, None
         if undo is not None:
             undo()
