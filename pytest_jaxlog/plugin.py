@@ -123,6 +123,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     s = session.config.stash.get(SESSION_KEY, None)
     if s is not None:
+        # now, not at unconfigure: an xdist worker may be ended as soon as it reports its session finished
+        s.release_compile_cache()
         s.write_manifest(exitstatus)
 
 
@@ -136,7 +138,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     session = config.stash.get(SESSION_KEY, None)
     if session is not None:
         session.release_sigterm()
-        session.release_compile_cache()
+        session.release_compile_cache()  # a session that ended before sessionfinish
     for name in ("jaxlog-collector", "jaxlog-devices", "jaxlog-child-reports"):
         registered = config.pluginmanager.get_plugin(name)
         if registered is not None:

@@ -471,7 +471,7 @@ class JaxlogSession:
             lines.append("hint: in @given tests use the jaxlog_factory fixture, `with jaxlog_factory() as jaxlog:` "
                          "inside the test: one artifact directory per example, the failing one kept")
         if state.settings.keep == "none":
-            lines.append("(artifacts are removed at teardown: --jaxlog-keep=none)")
+            lines.append(f"(artifacts are removed at teardown: {_flag('keep')}=none)")
         return "\n".join(lines)
 
     def record_entry(self, entry: dict) -> None:
@@ -523,7 +523,7 @@ class JaxlogSession:
             kept = [e for e in self.entries.values() if e["kept"]]
             tr.write_line(
                 f"artifacts kept for {len(kept)} of {len(self.entries)} jaxlog tests in {self.display(self.base)} "
-                f"(--jaxlog-keep={self.settings.keep}); manifest: {self.display(self.base / MANIFEST_NAME)}"
+                f"({_flag('keep')}={self.settings.keep}); manifest: {self.display(self.base / MANIFEST_NAME)}"
             )
             for e in sorted(kept, key=lambda e: (e["outcome"] == "passed", e["nodeid"]))[:limit]:
                 tr.write_line(f"  {e['outcome'].upper():8} {e['nodeid']} -> {self.display(self.base / e['dir'])}")
@@ -539,12 +539,12 @@ class JaxlogSession:
         removed = [n for n in self.removed_stale if n not in rerun]
         if removed:
             tr.write_line(f"removed {len(removed)} artifact directories left by an earlier session for tests "
-                          f"not run in this one (--jaxlog-keep={self.settings.keep})")
+                          f"not run in this one ({_flag('keep')}={self.settings.keep})")
         for note in self.start_notes:
             tr.write_line(f"note: {note}")
         stale = self._stale_left()
         if stale:
-            tr.write_line(f"{len(stale)} artifact directories from an earlier session kept (--jaxlog-keep=all), "
+            tr.write_line(f"{len(stale)} artifact directories from an earlier session kept ({_flag('keep')}=all), "
                           f"listed as stale in {MANIFEST_NAME}")
         notes = [(e["nodeid"], n) for e in sorted(self.entries.values(), key=lambda e: e["nodeid"])
                  for n in e.get("notes", ())]
@@ -554,12 +554,17 @@ class JaxlogSession:
                 tr.write_line(f"  {nodeid}: {note}")
             if len(notes) > limit:
                 tr.write_line(f"  ... and {len(notes) - limit} more (see {MANIFEST_NAME})")
-        for status, how in (("regenerated", "--jaxlog-regen"), ("created", "--jaxlog-create-goldens")):
+        for status, how in (("regenerated", _flag("regen")), ("created", _flag("create_goldens"))):
             files = sorted(g["path"] for e in self.entries.values() for g in e["goldens"] if g.get("status") == status)
             if files:
                 tr.write_line(f"{status} {len(files)} golden trajectories ({how}):")
                 for p in files:
                     tr.write_line(f"  {self.display(os.path.normpath(self.base / p))}")
+
+
+def _flag(key: str) -> str:
+    """``--jaxlog-keep``: an option's name as the options table spells it."""
+    return OPTIONS[key].flag_name
 
 
 def _rel(path: Path, base: Path) -> str:
