@@ -125,6 +125,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if s is not None:
         # now, not at unconfigure: an xdist worker may be ended as soon as it reports its session finished
         s.release_compile_cache()
+        s.discard.finish()
         s.write_manifest(exitstatus)
 
 

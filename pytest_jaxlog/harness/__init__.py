@@ -8,6 +8,7 @@
 - ``devices``: ``@pytest.mark.jaxlog(devices=N)``: a test under N host CPU devices (a child pytest if need be)
 - ``disabled``: the ``jaxlog_disabled`` plugin, active only under ``-p no:jaxlog``
 - ``compile_cache``: ``--jaxlog-compile-cache``: JAX's persistent compilation cache for the session
+- ``discard``: artifact directories of tests that keep none, removed in the background
 
 Imports no jax, numpy, h5py or perfetto at load.
 """

@@ -193,11 +193,12 @@ class PrivateCache:
         their entries may be truncated, so they are dropped, not published)."""
         for d in self.shared.glob(f".{self.host}-*.private"):
             pid = d.name[len(self.host) + 2:-len(".private")]
-            if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            if pid.isdigit() and int(pid) != os.getpid() and not alive(int(pid)):
                 shutil.rmtree(d, ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host still runs."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

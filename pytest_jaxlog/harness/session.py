@@ -20,6 +20,7 @@ import pytest
 
 from ..errors import JaxlogError
 from .devices import child_spec
+from .discard import Discard
 from .options import (
     GOLDEN_DIR_INI,
     OPTIONS,
@@ -205,6 +206,7 @@ class JaxlogSession:
             raise pytest.UsageError(str(e)) from None
         self._undo_compile_cache = None
         self.active = False  # set on the first test that uses jaxlog (activate)
+        self.discard = Discard(self.base)
         golden = Path(os.path.expanduser(str(config.getini(GOLDEN_DIR_INI))))
         self.golden_dir = golden if golden.is_absolute() else self.rootdir / golden
         self.entries: dict[str, dict] = {}
@@ -383,7 +385,7 @@ class JaxlogSession:
                 state.drop_example(state.kept_example)
             state.kept_example, state.pending_example = state.pending_example, None
         if not kept and state.dir.exists():
-            shutil.rmtree(state.dir, ignore_errors=True)  # best effort: leftovers are removed next session
+            self.discard(state.dir)  # gone from here now, from the disk in the background
         artifacts = {k: p for k, p in state.artifacts.items() if Path(p).exists()} if kept else {}
         kept = kept and state.dir.exists()
         props = item.user_properties
