@@ -23,7 +23,7 @@ from .check import args
 from .errors import JaxlogAssertionError, JaxlogError
 from .record.schedule import check_step
 
-REGEN_FLAG = "--jaxlog-regen"
+REGEN_FLAG = "--jaxlog-regen"  # owned by the options table (harness/options.py, a layer above): a test keeps them equal
 
 
 class TrajectoryMismatch(JaxlogAssertionError):

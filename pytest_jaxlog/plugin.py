@@ -16,7 +16,7 @@ from .harness.factory import JaxlogFactory
 from .harness.fixture import JaxlogFixture
 from .harness.options import add_options, marker_settings
 from .harness.processes import DistributedChild, ProcessesPlugin, start_distributed
-from .harness.session import REPORTS_KEY, SESSION_KEY, JaxlogSession
+from .harness.session import REPORTS_KEY, SESSION_KEY, JaxlogSession, uses_jaxlog
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -42,8 +42,6 @@ def pytest_configure(config: pytest.Config) -> None:
         if child.get("processes"):  # one of several processes: jax.distributed before the test module's import
             start_distributed(child)
             config.pluginmanager.register(DistributedChild(session, child), "jaxlog-distributed-child")
-    session.catch_sigterm()
-    session.use_compile_cache()  # conftests have run: JAX is configured (through its variables if not imported)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -110,6 +108,8 @@ class _Collector:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    if uses_jaxlog(item):  # the first such test sets up SIGTERM handling and the compile cache
+        item.config.stash[SESSION_KEY].activate()
     if item.get_closest_marker("jaxlog") is not None:
         try:
             marker_settings(item, item.config.stash[SESSION_KEY].settings)
@@ -129,6 +129,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     s = session.config.stash.get(SESSION_KEY, None)
     if s is not None:
+        # now, not at unconfigure: an xdist worker may be ended as soon as it reports its session finished
+        s.release_compile_cache()
+        s.discard.finish()
         s.write_manifest(exitstatus)
 
 
@@ -142,7 +145,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     session = config.stash.get(SESSION_KEY, None)
     if session is not None:
         session.release_sigterm()
-        session.release_compile_cache()
+        session.release_compile_cache()  # a session that ended before sessionfinish
     for name in ("jaxlog-collector", "jaxlog-devices", "jaxlog-child-reports", "jaxlog-processes",
                  "jaxlog-distributed-child"):
         registered = config.pluginmanager.get_plugin(name)

@@ -3,11 +3,16 @@
 record (1) → check, store, profiling (2, never each other) → drive, golden (3) → cli, harness (4)
 → plugin (5). ``errors`` (0) is below everything. The pytest side must not import jax, numpy,
 h5py or perfetto at load: users set ``XLA_FLAGS``/``JAX_*`` in conftest, after plugins load.
-"""
+Only the pytest side imports pytest; only ``__init__`` modules import package modules by name
+(``importlib.import_module``), which the reading of import statements would not see; the lower
+layers load without starting jax. Each check is shown to fail on a module planted in a copy."""
 
 from __future__ import annotations
 
 import ast
+import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,26 +25,33 @@ RANK = {"errors": 0, "record": 1, "logs": 2, "check": 3, "store": 3, "profiling"
         "cli": 5, "harness": 5, "plugin": 6, "__main__": 7}
 HEAVY = ("jax", "jaxlib", "numpy", "h5py", "perfetto", "ml_dtypes")
 
+# what only some parts of the package may do (names of layers, folders or top-level modules)
+PYTEST_ALLOWED = ("harness", "plugin")  # the pytest side; the core never imports pytest
+NO_JAX_AT_LOAD = ("errors", "record", "check", "store", "profiling", "golden")  # importable without starting jax
+IMPORT_FUNCTIONS = ("import_module", "__import__")  # importlib.import_module(...), __import__(...)
 
-def _modules() -> list[Path]:
-    return sorted(p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" or p.parent != PACKAGE)
+
+def _modules(root: Path = PACKAGE) -> list[Path]:
+    return sorted(p for p in root.rglob("*.py") if p.name != "__init__.py" or p.parent != root)
 
 
-def _layer(path: Path) -> str:
-    rel = path.relative_to(PACKAGE)
+def _layer(path: Path, root: Path = PACKAGE) -> str:
+    rel = path.relative_to(root)
     return rel.parts[0] if len(rel.parts) > 1 else rel.stem
 
 
-def _package_of(path: Path) -> list[str]:
-    return list(path.relative_to(PACKAGE).parent.parts)
+def _package_of(path: Path, root: Path = PACKAGE) -> list[str]:
+    return list(path.relative_to(root).parent.parts)
 
 
-def _imports(path: Path, top_level_only: bool = False) -> list[tuple[int, str]]:
-    """(line, absolute module inside the package or outside it) for every import in the file."""
+def _imports(path: Path, top_level_only: bool = False, root: Path = PACKAGE) -> list[tuple[int, str]]:
+    """(line, absolute module inside the package or outside it) for every import in the file,
+    statements and string imports (``importlib.import_module("pytest_jaxlog.x")``) alike."""
     tree = ast.parse(path.read_text(), filename=str(path))
     nodes = tree.body if top_level_only else list(ast.walk(tree))
     if top_level_only:  # imports under `if TYPE_CHECKING:` never run
         nodes = [n for n in nodes if not (isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test))]
+    here = _package_of(path, root)
     out = []
     for node in nodes:
         if isinstance(node, ast.Import):
@@ -48,15 +60,42 @@ def _imports(path: Path, top_level_only: bool = False) -> list[tuple[int, str]]:
             if node.level == 0:
                 out.append((node.lineno, node.module or ""))
                 continue
-            base = _package_of(path)[: len(_package_of(path)) - (node.level - 1)]
-            if node.level - 1 > len(_package_of(path)):
+            if node.level - 1 > len(here):
                 raise AssertionError(f"{path}: relative import above the package")
+            base = here[: len(here) - (node.level - 1)]
             target = base + (node.module.split(".") if node.module else [])
             if not node.module:  # from . import x, y: each name may be a module
                 out += [(node.lineno, "pytest_jaxlog." + ".".join(target + [a.name])) for a in node.names]
             else:
                 out.append((node.lineno, "pytest_jaxlog." + ".".join(target)))
+        else:
+            module = _string_import(node, here)
+            if module is not None:
+                out.append((node.lineno, module))
     return out
+
+
+def _string_import(node: ast.AST, here: list[str]) -> str | None:
+    """The module a call like ``importlib.import_module("pytest_jaxlog.check")``, ``import_module(
+    ".store", __package__)`` or ``__import__("pytest_jaxlog.x")`` names (an f-string: its fixed
+    start), else None."""
+    if not isinstance(node, ast.Call) or not node.args:
+        return None
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if name not in IMPORT_FUNCTIONS:
+        return None
+    arg = node.args[0]
+    if isinstance(arg, ast.JoinedStr):
+        arg = arg.values[0] if arg.values else ast.Constant("")
+    if not isinstance(arg, ast.Constant) or not isinstance(arg.value, str):
+        return "pytest_jaxlog.<computed>"  # a name made at run time: cannot be checked, so not allowed
+    text = arg.value
+    if text.startswith("."):
+        dots = len(text) - len(text.lstrip("."))
+        base = here[: len(here) - (dots - 1)] if dots - 1 <= len(here) else []
+        return ".".join(["pytest_jaxlog", *base, *[p for p in text[dots:].split(".") if p]])
+    return text
 
 
 def _target_layer(module: str) -> str | None:
@@ -66,16 +105,15 @@ def _target_layer(module: str) -> str | None:
     return parts[1]
 
 
-def test_every_module_belongs_to_a_known_layer():
-    unknown = sorted({_layer(p) for p in _modules()} - set(RANK))
-    assert not unknown, f"modules outside the layers: {unknown} (add them to a layer folder)"
+# ---------------------------------------------------------------------------------------------
+# the checks, each over one module of a package tree (the real one, or a copy with a planted module)
 
 
-@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
-def test_imports_point_down(path):
-    here = _layer(path)
+def bad_imports(path: Path, root: Path = PACKAGE) -> list[str]:
+    """Imports of a layer of the same rank or above (or of an unknown layer)."""
+    here = _layer(path, root)
     bad = []
-    for line, module in _imports(path):
+    for line, module in _imports(path, root=root):
         there = _target_layer(module)
         if there is None or there == here or there == "__version__":
             continue
@@ -83,17 +121,91 @@ def test_imports_point_down(path):
             bad.append(f"line {line}: {module} (unknown layer)")
         elif RANK[there] >= RANK[here]:
             bad.append(f"line {line}: {module} (layer {there}, rank {RANK[there]} >= {here}'s {RANK[here]})")
+    return bad
+
+
+def pytest_imports(path: Path, root: Path = PACKAGE) -> list[str]:
+    """``pytest`` imported (anywhere in the file) outside the pytest side."""
+    if _layer(path, root) in PYTEST_ALLOWED:
+        return []
+    return [f"line {line}: {m}" for line, m in _imports(path, root=root) if m.split(".")[0] in ("pytest", "_pytest")]
+
+
+def string_imports(path: Path, root: Path = PACKAGE) -> list[str]:
+    """Package modules imported by name at run time (hidden from the import checks' reading of
+    statements, so allowed only in ``__init__`` modules, whose lazy names are the public API)."""
+    if path.name == "__init__.py":
+        return []
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = [(n, _string_import(n, _package_of(path, root))) for n in ast.walk(tree)]
+    return [f"line {n.lineno}: {m}" for n, m in found if m is not None and m.split(".")[0] == "pytest_jaxlog"]
+
+
+def starts_heavy(path: Path, root: Path = PACKAGE) -> list[str]:
+    """For the pytest side (and the modules it loads with it): jax, numpy, h5py or perfetto at load,
+    directly or through a package layer that needs them."""
+    heavy = [f"line {line}: {m}" for line, m in _imports(path, True, root) if m.split(".")[0] in HEAVY]
+    heavy += [f"line {line}: {m} (a layer that needs jax at load)" for line, m in _imports(path, True, root)
+              if _target_layer(m) not in (None, "errors", "harness")]
+    return heavy
+
+
+def jax_at_load(layer: str, root: Path = PACKAGE) -> list[str]:
+    """Modules of ``layer`` whose import (in a fresh interpreter, with everything they import) starts jax."""
+    folder = root / layer
+    paths = sorted(folder.glob("*.py")) if folder.is_dir() else [root / f"{layer}.py"]
+    names = [".".join(["pytest_jaxlog", *p.relative_to(root).with_suffix("").parts]) for p in paths]
+    names = [n[: -len(".__init__")] if n.endswith(".__init__") else n for n in names]
+    code = ("import importlib, json, sys\n"
+            "out = []\n"
+            f"for name in {names!r}:\n"
+            "    importlib.import_module(name)\n"
+            "    if 'jax' in sys.modules or 'jaxlib' in sys.modules:\n"
+            "        out.append(name)\n"
+            "        break\n"
+            "print(json.dumps(out))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root.parent), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root.parent)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return [f"{n} imports jax when loaded" for n in json.loads(r.stdout.strip().splitlines()[-1])]
+
+
+# ---------------------------------------------------------------------------------------------
+# the package as it is
+
+
+def test_every_module_belongs_to_a_known_layer():
+    unknown = sorted({_layer(p) for p in _modules()} - set(RANK))
+    assert not unknown, f"modules outside the layers: {unknown} (add them to a layer folder)"
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_imports_point_down(path):
+    bad = bad_imports(path)
     assert not bad, f"{path.relative_to(PACKAGE)} imports from its own rank or above:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_only_the_pytest_side_imports_pytest_and_only_init_imports_by_name(path):
+    bad = pytest_imports(path)
+    assert not bad, f"{path.relative_to(PACKAGE)} imports pytest outside {PYTEST_ALLOWED}:\n" + "\n".join(bad)
+    named = string_imports(path)
+    assert not named, f"{path.relative_to(PACKAGE)} imports package modules by name:\n" + "\n".join(named)
 
 
 @pytest.mark.parametrize("path", [PACKAGE / "plugin.py", *sorted((PACKAGE / "harness").glob("*.py")),
                                   PACKAGE / "__init__.py", PACKAGE / "errors.py"],
                          ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_the_pytest_side_imports_no_heavy_module_at_load(path):
-    heavy = [f"line {line}: {m}" for line, m in _imports(path, top_level_only=True) if m.split(".")[0] in HEAVY]
+    heavy = starts_heavy(path)
     assert not heavy, f"{path.relative_to(PACKAGE)} imports at load:\n" + "\n".join(heavy)
-    pkg = [m for _, m in _imports(path, top_level_only=True) if _target_layer(m) not in (None, "errors", "harness")]
-    assert not pkg, f"{path.relative_to(PACKAGE)} imports package layers that need jax at load: {pkg}"
+
+
+def test_the_lower_layers_load_without_jax():
+    present = [layer for layer in NO_JAX_AT_LOAD if (PACKAGE / layer).is_dir() or (PACKAGE / f"{layer}.py").exists()]
+    assert present == list(NO_JAX_AT_LOAD)
+    bad = [line for layer in NO_JAX_AT_LOAD for line in jax_at_load(layer)]
+    assert not bad, "\n".join(bad)
 
 
 def test_loading_the_plugin_starts_nothing_heavy():
@@ -111,3 +223,63 @@ def test_the_public_namespace_lists_only_public_names():
     assert sorted(names) == sorted([*jl.__all__, "__version__"]), "dir(pytest_jaxlog) lists non-public names"
     for name in jl.__all__:
         assert getattr(jl, name) is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# the checks can fail: each planted module, in a copy of the package, is flagged by its check
+
+
+@pytest.fixture(scope="module")
+def copy_of_package(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("layers") / "pytest_jaxlog"
+    shutil.copytree(PACKAGE, root, ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
+PLANTED = {
+    # (file in the copy, its text, the check that must flag it, what the flag says)
+    "pytest in check": ("check/planted_pytest.py", "def f():\n    import pytest\n    return pytest\n",
+                        pytest_imports, "pytest"),
+    "string import": ("store/planted_named.py",
+                      "import importlib\n\ndef f():\n    return importlib.import_module('pytest_jaxlog.drive.run')\n",
+                      string_imports, "pytest_jaxlog.drive.run"),
+    "relative string import": ("check/planted_relative.py",
+                               "from importlib import import_module\n\ndef f():\n"
+                               "    return import_module('..golden', __package__)\n",
+                               string_imports, "pytest_jaxlog.golden"),
+    "__import__ upward": ("record/planted_dunder.py", "def f():\n    return __import__('pytest_jaxlog.drive')\n",
+                          bad_imports, "pytest_jaxlog.drive (layer drive"),
+    "import upward": ("profiling/planted_up.py", "from ..store import hdf5\n", bad_imports,
+                      "pytest_jaxlog.store (layer store, rank 2 >= profiling's 2)"),
+    "heavy plugin side": ("harness/planted_heavy.py", "import numpy as np\n", starts_heavy, "numpy"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PLANTED))
+def test_a_planted_violation_is_flagged(copy_of_package, case):
+    rel, text, check, said = PLANTED[case]
+    path = copy_of_package / rel
+    path.write_text(text)
+    try:
+        flagged = check(path, copy_of_package)
+    finally:
+        path.unlink()
+    assert any(said in line for line in flagged), flagged
+
+
+def test_jax_at_load_in_a_lower_layer_is_flagged(copy_of_package):
+    planted = copy_of_package / "record" / "zz_planted.py"
+    planted.write_text("import jax\n")
+    try:
+        flagged = jax_at_load("record", copy_of_package)
+    finally:
+        planted.unlink()
+    assert flagged == ["pytest_jaxlog.record.zz_planted imports jax when loaded"]
+    # through another module: errors.py importing a layer that starts jax
+    errors = copy_of_package / "errors.py"
+    original = errors.read_text()
+    errors.write_text(original + "\nfrom .drive import run as _run  # noqa\n")
+    try:
+        assert jax_at_load("errors", copy_of_package) == ["pytest_jaxlog.errors imports jax when loaded"]
+    finally:
+        errors.write_text(original)

@@ -452,3 +452,15 @@ def test_user_conftest_xla_flags_take_effect(pytester):
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
+
+
+def test_option_names_in_messages_come_from_the_options_table():
+    """golden.py sits below the pytest side and cannot import the table; its one spelling of the
+    regen flag is kept equal to the table's here."""
+    from pytest_jaxlog import golden
+    from pytest_jaxlog.harness import goldens
+    from pytest_jaxlog.harness.options import OPTIONS
+
+    assert golden.REGEN_FLAG == goldens.REGEN_FLAG == OPTIONS["regen"].flag_name == "--jaxlog-regen"
+    assert goldens.CREATE_FLAG == OPTIONS["create_goldens"].flag_name == "--jaxlog-create-goldens"
+    assert golden.regen_hint("g.h5").startswith(f"run pytest with {OPTIONS['regen'].flag_name} to regenerate")

@@ -410,7 +410,7 @@ class RunLoop:
         if state is None:  # donated: the newest state we still hold (frames may end earlier)
             state, state_step = (self.cur, self.cur_step) if not any_deleted(self.cur) else (None, self.written_step)
         timings = run_timings(self.tracker, time.perf_counter() - self.t_start, state_step - cfg.start_step,
-                              state_leaves=self.leaves)
+                              state_leaves=self.leaves, programs=int(self.chunk_program is not None))
         partial = self.make(state, state_step, timings, pipe.first, pipe.artifacts, status, "interrupted")
         exc.jaxlog_run = partial  # type: ignore[attr-defined]  # the user's handle on the partial run
 
@@ -441,7 +441,8 @@ class RunLoop:
         t_done = time.perf_counter()
         stepping_s = None if self.t_loop is None else t_done - self.t_loop - self.first_call_s
         timings = run_timings(self.tracker, t_done - self.t_start, self.written_step - cfg.start_step, window_s,
-                              state_leaves=self.leaves, stepping_s=stepping_s)
+                              state_leaves=self.leaves, stepping_s=stepping_s,
+                              programs=int(self.chunk_program is not None))  # one chunk program per run
         result = self.make(self.cur, self.written_step, timings, self.violation,
                            {**self.pipe.artifacts, **self.window_artifacts}, self.status, self.stop_reason)
         if self.violation is not None:

@@ -11,6 +11,7 @@
 - ``group_reports``: the test's reports and manifest entry from its processes' reports
 - ``disabled``: the ``jaxlog_disabled`` plugin, active only under ``-p no:jaxlog``
 - ``compile_cache``: ``--jaxlog-compile-cache``: JAX's persistent compilation cache for the session
+- ``discard``: artifact directories of tests that keep none, removed in the background
 
 Imports no jax, numpy, h5py or perfetto at load.
 """

@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import JaxlogAssertionError, JaxlogError, JaxlogRuntimeWarning
-from .options import GOLDEN_DIR_INI
+from .options import GOLDEN_DIR_INI, OPTIONS
 from .session import GoldenNote, JaxlogSession, TestState
 
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")
-CREATE_FLAG = "--jaxlog-create-goldens"
-REGEN_FLAG = "--jaxlog-regen"
+CREATE_FLAG = OPTIONS["create_goldens"].flag_name
+REGEN_FLAG = OPTIONS["regen"].flag_name
 _SCAN_LIMIT = 20000  # files looked at when searching for a golden under another name
 
 

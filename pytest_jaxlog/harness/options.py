@@ -72,9 +72,11 @@ OPTIONS: dict[str, Option] = {
         Option("on_violation", "raise", "invariant violation: raise (test fails) or warn", choices=VIOLATION_CHOICES),
         Option("progress", "auto", "progress bar of jaxlog runs: auto|on|off", choices=PROGRESS_CHOICES),
         Option("chunk", "auto", "steps per device chunk of jaxlog runs: N or auto", metavar="N"),
-        Option("compile_cache", "none", "directory of JAX's persistent compilation cache for the session (every "
+        Option("compile_cache", "auto", "directory of JAX's persistent compilation cache for the session (every "
                "program cached, so a second run compiles nothing; relative to the invocation directory from the "
-               "command line or environment, to rootdir from the ini file), or none", metavar="DIR"),
+               "command line or environment, to rootdir from the ini file); auto: a subdirectory per machine of "
+               "pytest's cache directory (none under -p no:cacheprovider or where JAX's cache is configured "
+               "already); off", metavar="DIR"),
         Option("regen", False, "write or overwrite every golden trajectory the session checks", flag=True, ini=False),
         Option("create_goldens", False, "write goldens that do not exist yet (the test passes with a warning naming "
                "the file); existing goldens are still compared", flag=True),

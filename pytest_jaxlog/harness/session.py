@@ -19,6 +19,7 @@ import pytest
 
 from ..errors import JaxlogError
 from .devices import child_spec
+from .discard import Discard
 from .options import (
     GOLDEN_DIR_INI,
     OPTIONS,
@@ -31,6 +32,7 @@ from .options import (
 )
 
 JAXLOG_FIXTURES = ("jaxlog", "jaxlog_factory")
+DEFAULT_COMPILE_CACHE = "jaxlog-compile-cache"  # under pytest's cache directory (.pytest_cache/d/)
 
 
 def safe_name(nodeid: str) -> str:
@@ -200,6 +202,8 @@ class JaxlogSession:
         except JaxlogError as e:
             raise pytest.UsageError(str(e)) from None
         self._undo_compile_cache = None
+        self.active = False  # set on the first test that uses jaxlog (activate)
+        self.discard = Discard(self.base)
         golden = Path(os.path.expanduser(str(config.getini(GOLDEN_DIR_INI))))
         self.golden_dir = golden if golden.is_absolute() else self.rootdir / golden
         self.entries: dict[str, dict] = {}
@@ -209,6 +213,15 @@ class JaxlogSession:
         self.removed_stale: list[str] = []
         self.start_notes: list[str] = []
         self.previous_manifest = False
+
+    def activate(self) -> None:
+        """On the first test that uses jaxlog (fixture or marker), not at configure: a session where
+        no test asks for jaxlog keeps its SIGTERM handler and JAX's settings as they were."""
+        if self.active:
+            return
+        self.active = True
+        self.catch_sigterm()
+        self.use_compile_cache()
 
     def catch_sigterm(self) -> None:
         """SIGTERM (CI cancellation, a job time limit) ends the session like Ctrl-C: the running
@@ -227,9 +240,12 @@ class JaxlogSession:
             held.__exit__(None, None, None)
 
     def _resolve_compile_cache(self) -> Path | None:
+        """The directory given (option, variable, ini key), or None: off, or the default, which
+        ``use_compile_cache`` finds on first use (``self.default_compile_cache``)."""
         src = lookup(self.config, "compile_cache")
         text = str(src.value).strip()
-        if text.lower() in ("", "none", "off"):
+        self.default_compile_cache = text.lower() in ("", "auto")
+        if text.lower() in ("", "auto", "none", "off", "0", "false", "no"):
             return None
         where = self.invocation_dir if src.origin in ("cli", "env") else self.rootdir
         path = (where / os.path.expanduser(text)).resolve()
@@ -238,16 +254,35 @@ class JaxlogSession:
         return path
 
     def use_compile_cache(self) -> None:
-        """Point JAX's persistent compilation cache at ``--jaxlog-compile-cache`` for this session."""
-        if self.compile_cache is not None and self._undo_compile_cache is None:
-            from .compile_cache import use_compile_cache
+        """Point JAX's persistent compilation cache at ``--jaxlog-compile-cache`` for this session; by
+        default at this machine's subdirectory of pytest's cache (none under ``-p no:cacheprovider``,
+        nor where the user configured JAX's cache directory already)."""
+        if self._undo_compile_cache is not None:
+            return
+        from .compile_cache import PrivateCache, configured_elsewhere, machine_key, use_compile_cache
 
+        if self.compile_cache is None and self.default_compile_cache:
+            cache = getattr(self.config, "cache", None)  # absent under -p no:cacheprovider
+            if cache is None or configured_elsewhere():
+                return
             try:
-                self._undo_compile_cache = use_compile_cache(self.compile_cache)
-            except OSError as e:
-                raise pytest.UsageError(f"jaxlog compile_cache: cannot create {self.compile_cache}: {e}") from None
+                self.compile_cache = Path(cache.mkdir(DEFAULT_COMPILE_CACHE)) / machine_key()
+            except OSError:  # an unwritable pytest cache: no default cache, as cacheprovider itself copes
+                return
+        if self.compile_cache is not None:
+            private = PrivateCache(self.compile_cache)
+            try:
+                undo = use_compile_cache(private.open())
+            except OSError as e:  # on first use, inside a test: that test errors with the reason
+                raise JaxlogError(f"[jaxlog] compile_cache: cannot create {self.compile_cache}: {e}") from None
+
+            def release() -> None:
+                undo()
+                private.publish()
+            self._undo_compile_cache = release
 
     def release_compile_cache(self) -> None:
+        """JAX's settings back as they were, and this session's new entries into the shared cache."""
         undo, self._undo_compile_cache = self._undo_compile_cache, None
         if undo is not None:
             undo()
@@ -311,6 +346,7 @@ class JaxlogSession:
         """The item's state, created (with a fresh artifact directory) on first use."""
         state = item.stash.get(STATE_KEY, None)
         if state is None:
+            self.activate()  # a fixture asked for by request.getfixturevalue: no setup hook saw it coming
             error = None
             try:
                 settings = marker_settings(item, self.settings)
@@ -344,7 +380,7 @@ class JaxlogSession:
                 state.drop_example(state.kept_example)
             state.kept_example, state.pending_example = state.pending_example, None
         if not kept and state.dir.exists():
-            shutil.rmtree(state.dir, ignore_errors=True)  # best effort: leftovers are removed next session
+            self.discard(state.dir)  # gone from here now, from the disk in the background
         artifacts = {k: p for k, p in state.artifacts.items() if Path(p).exists()} if kept else {}
         kept = kept and state.dir.exists()
         props = item.user_properties
@@ -432,7 +468,7 @@ class JaxlogSession:
             lines.append("hint: in @given tests use the jaxlog_factory fixture, `with jaxlog_factory() as jaxlog:` "
                          "inside the test: one artifact directory per example, the failing one kept")
         if state.settings.keep == "none":
-            lines.append("(artifacts are removed at teardown: --jaxlog-keep=none)")
+            lines.append(f"(artifacts are removed at teardown: {_flag('keep')}=none)")
         return "\n".join(lines)
 
     def record_entry(self, entry: dict) -> None:
@@ -482,7 +518,7 @@ class JaxlogSession:
             kept = [e for e in self.entries.values() if e["kept"]]
             tr.write_line(
                 f"artifacts kept for {len(kept)} of {len(self.entries)} jaxlog tests in {self.display(self.base)} "
-                f"(--jaxlog-keep={self.settings.keep}); manifest: {self.display(self.base / manifest.NAME)}"
+                f"({_flag('keep')}={self.settings.keep}); manifest: {self.display(self.base / manifest.NAME)}"
             )
             for e in sorted(kept, key=lambda e: (e["outcome"] == "passed", e["nodeid"]))[:limit]:
                 tr.write_line(f"  {e['outcome'].upper():8} {e['nodeid']} -> {self.display(self.base / e['dir'])}")
@@ -498,12 +534,12 @@ class JaxlogSession:
         removed = [n for n in self.removed_stale if n not in rerun]
         if removed:
             tr.write_line(f"removed {len(removed)} artifact directories left by an earlier session for tests "
-                          f"not run in this one (--jaxlog-keep={self.settings.keep})")
+                          f"not run in this one ({_flag('keep')}={self.settings.keep})")
         for note in self.start_notes:
             tr.write_line(f"note: {note}")
         stale = self._stale_left()
         if stale:
-            tr.write_line(f"{len(stale)} artifact directories from an earlier session kept (--jaxlog-keep=all), "
+            tr.write_line(f"{len(stale)} artifact directories from an earlier session kept ({_flag('keep')}=all), "
                           f"listed as stale in {manifest.NAME}")
         notes = [(e["nodeid"], n) for e in sorted(self.entries.values(), key=lambda e: e["nodeid"])
                  for n in e.get("notes", ())]
@@ -513,12 +549,17 @@ class JaxlogSession:
                 tr.write_line(f"  {nodeid}: {note}")
             if len(notes) > limit:
                 tr.write_line(f"  ... and {len(notes) - limit} more (see {manifest.NAME})")
-        for status, how in (("regenerated", "--jaxlog-regen"), ("created", "--jaxlog-create-goldens")):
+        for status, how in (("regenerated", _flag("regen")), ("created", _flag("create_goldens"))):
             files = sorted(g["path"] for e in self.entries.values() for g in e["goldens"] if g.get("status") == status)
             if files:
                 tr.write_line(f"{status} {len(files)} golden trajectories ({how}):")
                 for p in files:
                     tr.write_line(f"  {self.display(os.path.normpath(self.base / p))}")
+
+
+def _flag(key: str) -> str:
+    """``--jaxlog-keep``: an option's name as the options table spells it."""
+    return OPTIONS[key].flag_name
 
 
 def _rel(path: Path, base: Path) -> str:
