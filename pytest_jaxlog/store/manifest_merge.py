@@ -33,7 +33,8 @@ def _read(path: Path) -> dict:
     try:
         doc = manifest.read(path)
     except JaxlogError as e:
-        raise JaxlogError(f"[jaxlog] merge: {path} is not a readable manifest ({e})") from None
+        cause = str(e).removeprefix("[jaxlog] ")
+        raise JaxlogError(f"[jaxlog] merge: {path} is not a jaxlog manifest ({cause})") from None
     if not isinstance(doc.get("tests"), list):
         raise JaxlogError(f"[jaxlog] merge: {path} is not a jaxlog manifest (no list of tests)")
     return doc
