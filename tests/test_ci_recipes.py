@@ -70,7 +70,8 @@ def test_recipes_assume_nothing_of_this_repository(recipe):
 
 def test_summary_script_ships_in_the_package_not_in_ci():
     assert not (ROOT / "ci" / "jaxlog_summary.py").exists()
-    assert sorted(p.name for p in (ROOT / "ci").iterdir()) == ["github-actions.yml", "gitlab-ci.yml"]
+    assert sorted(p.name for p in (ROOT / "ci").iterdir()) == ["github-actions-sharded.yml", "github-actions.yml",
+                                                                   "gitlab-ci.yml"]
 
 
 # ------------------------------------------------------------------------------------------- GitHub

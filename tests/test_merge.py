@@ -1,5 +1,5 @@
 """``jaxlog merge``: the manifests of a suite run in shards, joined into one that ``jaxlog summary``
-reads. The sharded GitHub Actions workflow in the README is linted, and its steps are run here on
+reads. The sharded GitHub Actions workflow (``ci/github-actions-sharded.yml``) is linted, and its steps are run here on
 three local shards (three project copies, as three runners would have, and the artifacts' layout
 after ``download-artifact``)."""
 
@@ -50,8 +50,7 @@ def test_c_jaxlog(jaxlog):
 
 
 def recipe() -> dict:
-    text = (ROOT / "README.md").read_text()
-    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "name: jaxlog-sharded" in b]
+    block = (ROOT / "ci" / "github-actions-sharded.yml").read_text()
     doc = yaml.safe_load(block)
     doc["on"] = doc.pop(True, doc.get("on"))  # YAML 1.1 reads the key `on` as true
     doc["text"] = block
