@@ -27,7 +27,7 @@ from ..profiling.window import check_windows
 from ..record.frames import Schema
 from ..record.records import AUX, LOG, check_name, normalize_records
 from ..record.schedule import Schedule, as_schedule, check_count
-from . import program, shards
+from . import identity, program, shards
 from .checkpoint import META, CheckpointMeta, ResumePoint, check_against, copy_attachments, copy_frames, key_record, state_leaves, \
     step_name
 from .checkpoint import NAME as CHECKPOINT
@@ -387,6 +387,7 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
     device = next(iter(leaves[0].devices())) if leaves else None
     committed = bool(leaves) and getattr(leaves[0], "committed", False)
     key = shards.place(key, mesh_rep)
+    consts = jax.device_put(resolved.consts, mesh_rep or device) if committed and resolved.consts else resolved.consts
     no_masks = tuple(np.zeros(plan.length, dtype=bool) for _ in plan.host_masks)
     batched_until = cfg.until is not None and plan.n_systems is not None
 
@@ -402,7 +403,7 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
             raise JaxlogError("checkpoint= and jl.resume need the whole state on one host; in a run over "
                               f"{shards.process_count()} processes no process holds it")
         probe = program.abstract((state, None, key, program.control(0, 0, 0, 0), program.empty_counts(plan), no_masks,
-                                  stopped))
+                                  stopped, consts))
         layout = shards.Layout.of(fn.lower(plan, *probe).compile().output_shardings, plan, schema)
         layout.check_invariants(cfg.invariants, schema)
         layout.check_sinks(pipe.sinks.sinks)
@@ -423,7 +424,7 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
     def one_step(carry, k):  # the post-mortem replay: the run's own program, one step (never donating the state)
         bufs = replay_bufs.pop() if replay_bufs else fills.spare()
         out = program.chunk(plan, carry[0], bufs, key, kept.control(k, 1, 0, 0),
-                            kept(program.empty_counts(plan)), no_masks, carry[1])
+                            kept(program.empty_counts(plan)), no_masks, carry[1], consts)
         replay_bufs.append(out["bufs"])
         return out["state"], out["stopped"]
 
@@ -538,7 +539,7 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
             start_state, start_stopped = cur, stopped
             t0 = now_ns()
             bufs, row0, counts = fills.next(k0, length, flags)
-            args = (plan, cur, bufs, key, kept.control(k0, length, row0, flags), kept(counts), masks, stopped)
+            args = (plan, cur, bufs, key, kept.control(k0, length, row0, flags), kept(counts), masks, stopped, consts)
             compiles_before, t_call = (tracker.count, time.perf_counter()) if n_chunk == 0 else (0, 0.0)
             if win is not None:
                 if open_window is not win:
@@ -733,20 +734,23 @@ class Resolved(NamedTuple):
     schema: Schema
     shapes: tuple[dict, ...]  # per lane: leaf path -> frame ShapeDtypeStruct
     state_bytes: int  # device memory the state takes
+    consts: tuple = ()  # the run's hoisted constants (the chunk's last argument, see drive.identity)
 
 
 def _resolve(cfg: RunConfig, state) -> Resolved:
     """The run's :class:`Resolved`, from the cache when the step, records and state types were seen."""
-    ck = (cfg.step, cfg.lanes, _aval_key(state), _aval_key(cfg.key), cfg.has_aux, cfg.batched, cfg.until, cfg.dt,
-          cfg.logs, cfg.log_capacity)
+    canon = identity.canonical(cfg.step, cfg.lanes, cfg.until, state, cfg.key, lambda: n_systems_of(state, cfg.batched),
+                               cfg.log_capacity)  # equal where they compute the same
+    ck = (canon.step, canon.lanes, _aval_key(state), _aval_key(cfg.key), cfg.has_aux, cfg.batched, canon.until,
+          cfg.dt, cfg.logs, cfg.log_capacity)
     try:
         hit = _RESOLVED.get(ck)
     except TypeError:  # an unhashable view: no cache
         ck, hit = None, None
     if hit is not None:
-        return hit
-    plan = Plan(step=cfg.step, lanes=cfg.lanes, dense=(), compact=(), initial=(), host_masks=(), has_aux=cfg.has_aux,
-                keyed=cfg.keyed, n_systems=n_systems_of(state, cfg.batched), until=cfg.until, length=0,
+        return hit if hit.consts is canon.consts else hit._replace(consts=canon.consts)
+    plan = Plan(step=canon.step, lanes=canon.lanes, dense=(), compact=(), initial=(), host_masks=(), has_aux=cfg.has_aux,
+                keyed=cfg.keyed, n_systems=n_systems_of(state, cfg.batched), until=canon.until, length=0,
                 collect=True, log_capacity=cfg.log_capacity)
 
     def traced_step(st):  # through the collector: the step's output and what it logs
@@ -766,13 +770,13 @@ def _resolve(cfg: RunConfig, state) -> Resolved:
             raise
         except Exception as e:
             raise JaxlogError(f"until= failed on the state: {short_error(e)}") from None
-    plan = dataclasses.replace(plan, lanes=_log_lanes(cfg, sorted(out_shape[2])), collect=bool(out_shape[2]))
+    plan = dataclasses.replace(plan, lanes=_log_lanes(cfg, sorted(out_shape[2]), canon.lanes), collect=bool(out_shape[2]))
     aux_fn = (lambda st: traced_step(st)[1]) if cfg.has_aux else None
     found = resolve(plan.lanes, state, aux=aux_fn, logs=lambda st: traced_step(st)[2], batched=cfg.batched,
                     dt=cfg.dt, log_capacity=cfg.log_capacity)
     plan, schema = dataclasses.replace(plan, lanes=found.lanes), found.schema
     shapes = tuple({leaf.path: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in mine} for mine in found.per_lane)
-    resolved = Resolved(plan, schema, shapes, sum(x.nbytes for x in jax.tree_util.tree_leaves(state)))
+    resolved = Resolved(plan, schema, shapes, sum(x.nbytes for x in jax.tree_util.tree_leaves(state)), canon.consts)
     return resolved if ck is None else remember(_RESOLVED, ck, resolved)
 
 
@@ -794,11 +798,10 @@ def _laid_out(plan: Plan, capacity: int, shapes: tuple[dict, ...], pack: bool) -
         dataclasses.replace(plan, **program.layout(plan.lanes, capacity, shapes, pack)))))[1]
 
 
-def _log_lanes(cfg: RunConfig, logged: list[str]) -> tuple[Lane, ...]:
+def _log_lanes(cfg: RunConfig, logged: list[str], lanes: tuple[Lane, ...]) -> tuple[Lane, ...]:
     """The run's lanes once the step's logs are known: its views and aux selections, then lanes
     for the names the step logs, grouped by schedule (``logs=``; the rest every step). Views
     that call ``jl.log`` are found (and wrapped) as they are resolved."""
-    lanes = cfg.lanes
     named = dict(cfg.logs)
     unknown = sorted(set(named) - set(logged))
     if unknown:
