@@ -363,9 +363,10 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
                       n_invariants=len(cfg.invariants))
     resolved = _resolve(cfg, state)
     plan, schema, shapes = resolved.plan, resolved.schema, resolved.shapes
+    programs = None if cfg.resume is None and cfg.checkpoint is None else _programs(resolved)
     if cfg.resume is not None:
         check_against(cfg.resume, step_fn=cfg.step, schema=schema, state=state, key=cfg.key, dt=cfg.dt,
-                      n_invariants=len(cfg.invariants))
+                      n_invariants=len(cfg.invariants), programs=programs)
     pipe = Pipeline(sinks=cfg.sinks, invariants=cfg.invariants, on_violation=cfg.on_violation,
                     timeline=cfg.timeline)
     capacity = _capacity(cfg, schema)
@@ -409,7 +410,7 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
         layout.check_sinks(pipe.sinks.sinks)
         meta["processes"] = {"count": shards.process_count(), "index": jax.process_index(),
                              "run_id": shards.shared_run_id(), "layout": layout.to_json()}
-    checkpointer = None if cfg.checkpoint is None else _Checkpointer.of(cfg, pipe, schema, state)
+    checkpointer = None if cfg.checkpoint is None else _Checkpointer.of(cfg, pipe, schema, state, programs)
     # buffers go where the state is committed (uncommitted: the default device, and uncommitted too, or
     # the program would compile again for the mix of committed and uncommitted arguments)
     fills = Fills(plan, shapes, device if committed else None, cfg.budget, 0 if use_donate else state_bytes,
@@ -673,12 +674,13 @@ class _Checkpointer:
     until: bool
 
     @classmethod
-    def of(cls, cfg: RunConfig, pipe: Pipeline, schema: Schema, state: Any) -> "_Checkpointer":
+    def of(cls, cfg: RunConfig, pipe: Pipeline, schema: Schema, state: Any, programs: dict | None) -> "_Checkpointer":
         key_data, key_impl = (None, None) if cfg.key is None else key_record(cfg.key)
         template = CheckpointMeta(step=0, step_fn=step_name(cfg.step), key=key_data, key_impl=key_impl,
                                   invariants=[], active=[], violation=None, done=None, systems_done=None,
                                   state_leaves=state_leaves(state), treedef=str(jax.tree_util.tree_structure(state)),
-                                  x64=bool(jax.config.jax_enable_x64), schema=schema.to_json(), dt=cfg.dt)
+                                  x64=bool(jax.config.jax_enable_x64), schema=schema.to_json(), dt=cfg.dt,
+                                  programs=programs)
         return cls(pipe, template, state_key_impls(state), cfg.until is not None)
 
     def save(self, step: int, state: Any, stopped: Any, systems_done: np.ndarray | None) -> int:
@@ -778,6 +780,12 @@ def _resolve(cfg: RunConfig, state) -> Resolved:
     shapes = tuple({leaf.path: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in mine} for mine in found.per_lane)
     resolved = Resolved(plan, schema, shapes, sum(x.nbytes for x in jax.tree_util.tree_leaves(state)), canon.consts)
     return resolved if ck is None else remember(_RESOLVED, ck, resolved)
+
+
+def _programs(resolved: Resolved) -> dict | None:
+    """What the run's functions compute, as a checkpoint records it (see ``drive.identity``)."""
+    plan = resolved.plan
+    return identity.fingerprints(plan.step, plan.until, plan.lanes, resolved.consts)
 
 
 def _signature(fn: Callable, plan: Plan, resolved: Resolved, args: tuple, given: list) -> program.Signature:
