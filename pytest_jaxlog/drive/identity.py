@@ -40,6 +40,7 @@ from .fingerprint import Program, fingerprint, value_of
 from .log import _CALLS, _jaxpr_has_logs, collect
 from .memo import memo
 from .resolve import LoggingView
+from .shards import place
 
 _BOUND = threading.local()  # while a chunk program is traced: id(kernel) -> its constants (tracers)
 _TRACED: dict = {}  # (id(fn), signature, log capacity) -> (fn, its canonical callable)
@@ -263,6 +264,20 @@ def bound(plan: Any, consts: tuple) -> Iterator[None]:
         yield
     finally:
         _BOUND.env = prev
+
+
+_PLACED: dict = {}  # (id(consts), placement) -> (consts, them placed)
+
+
+def placed(consts: tuple, where: Any) -> tuple:
+    """A run's hoisted constants where its committed state is (``where``: a device, or a
+    sharded state's replicated sharding), copied from the host as the run's other small
+    arguments are (a device-to-device copy is what a transfer guard forbids); kept per
+    constants and placement."""
+    if not consts:
+        return consts
+    return memo(_PLACED, (id(consts), where),
+                lambda: (consts, tuple(tuple(place(c, where) for c in k) for k in consts)))[1]
 
 
 def fingerprints(step: Callable, until: Callable | None, lanes: tuple, consts: tuple) -> dict[str, dict] | None:

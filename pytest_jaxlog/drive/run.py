@@ -388,7 +388,7 @@ def _run(cfg: RunConfig, state: Any, t_start: float, tracker: CompileTracker) ->
     device = next(iter(leaves[0].devices())) if leaves else None
     committed = bool(leaves) and getattr(leaves[0], "committed", False)
     key = shards.place(key, mesh_rep)
-    consts = jax.device_put(resolved.consts, mesh_rep or device) if committed and resolved.consts else resolved.consts
+    consts = identity.placed(resolved.consts, mesh_rep or device) if committed else resolved.consts
     no_masks = tuple(np.zeros(plan.length, dtype=bool) for _ in plan.host_masks)
     batched_until = cfg.until is not None and plan.n_systems is not None
 
