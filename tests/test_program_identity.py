@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import pytest_jaxlog as jl
+from test_checkpoint import _StopAt  # Ctrl-C once the run has written a given step
 
 N = 6
 S0 = {"x": jnp.linspace(-1.0, 1.0, N, dtype=jnp.float32), "v": jnp.zeros(N, jnp.float32)}
@@ -217,18 +218,6 @@ def test_a_batched_keyed_factory_step_with_a_donated_state():
 
 
 # ---------------------------------------------------------------- resume: the same physics only
-
-
-class _StopAt(jl.ProgressLogger):
-    """Ctrl-C once the run has written ``at`` steps."""
-
-    def __init__(self, total, at):
-        super().__init__(total, enabled=False)
-        self.at = at
-
-    def advance(self, step, state=None):
-        if step >= self.at:
-            raise KeyboardInterrupt
 
 
 def _interrupted(path, step, steps=60, stop=25):

@@ -144,15 +144,7 @@ def _param(p: Any, exact: list, same: list) -> None:
         exact.append(p)
     elif isinstance(p, (np.ndarray, np.generic, jax.Array)):
         exact.append(value_of(p))
-    elif type(p).__eq__ is object.__eq__ or not _hashable(p):
-        same.append(_Same(p))
+    elif type(p).__eq__ is object.__eq__ or getattr(type(p), "__hash__", None) is None:
+        same.append(_Same(p))  # no equality of its own, or unhashable: the object itself
     else:
         exact.append(p)
-
-
-def _hashable(x: Any) -> bool:
-    try:
-        hash(x)
-        return True
-    except TypeError:
-        return False
