@@ -7,14 +7,14 @@ arguments, so their runs may share one compiled program.
 
 What the key holds, so that nothing that changes results is left out:
 
-- the jaxpr's printed text: its structure, primitives, dtypes, shapes and the params JAX prints
-  (variables are named by position, so the text does not depend on how it was traced);
-- every literal's exact value (the text prints them, but not necessarily every bit), every
-  array inside a param (a nested ``jit``'s captured constants, which the text prints as types
-  only) by a digest of its bytes, and every other param as an object compared by value where
-  its type defines equality (dtypes, shardings, ``jl.log`` sites), else by identity, kept alive
-  with the key (a ``custom_jvp`` rule, a callback: two rules printed with the same name are two
-  rules);
+- the jaxpr's structure, read from its objects (printing it costs several times more): per
+  equation its primitive, its operands (variables numbered in order of definition, so the key
+  does not depend on how the function was traced; literals by their exact bytes) and its
+  results' types (shape, dtype, weak type, sharding), in program order, nested jaxprs inside;
+- every param: plain values as they are, arrays (a nested ``jit``'s captured constants) by a
+  digest of their bytes, other objects compared by value where their type defines equality
+  (dtypes, shardings, ``jl.log`` sites), else by identity, kept alive with the key (a
+  ``custom_jvp`` rule, a callback: two rules of the same name are two rules);
 - the input and output pytree structures (their node types included);
 - the top-level constants (captured arrays): their types only where they are hoisted into
   arguments of the program (``hoisted``), their values otherwise.
@@ -92,9 +92,8 @@ class Program:
 
     def digest(self) -> str:
         """The key as a hex digest that a file can hold and another process recompute."""
-        kind, text, in_tree, out_tree, consts, exact, same = self.parts
-        desc = repr((kind, text, str(in_tree), str(out_tree), consts, [_describe(x) for x in exact],
-                     [repr(s) for s in same]))
+        kind, in_tree, out_tree, consts, exact, same = self.parts
+        desc = repr((kind, str(in_tree), str(out_tree), consts, [_describe(x) for x in exact], [repr(s) for s in same]))
         return hashlib.sha256(_ADDRESS.sub("", desc).encode()).hexdigest()
 
 
@@ -109,25 +108,29 @@ def fingerprint(closed: Any, *, in_tree: Any, out_tree: Any, hoisted: bool, kind
     same: list = []
     _scan(closed.jaxpr, exact, same)
     consts = tuple(aval_of(c) if hoisted else value_of(c) for c in closed.consts)
-    return Program((kind, str(closed.jaxpr), in_tree, out_tree, consts, tuple(exact), tuple(same)))
+    return Program((kind, in_tree, out_tree, consts, tuple(exact), tuple(same)))
 
 
 def _scan(jaxpr: Any, exact: list, same: list) -> None:
-    """Literals and params of ``jaxpr`` and the jaxprs inside it, in program order."""
-    for v in jaxpr.outvars:
-        _atom(v, exact)
+    """The structure, literals and params of ``jaxpr`` and the jaxprs inside it, in program order."""
+    ids: dict = {}
+
+    def define(v: Any) -> tuple:
+        return ids.setdefault(v, len(ids)), v.aval
+
+    def use(v: Any) -> Any:
+        if isinstance(v, jex_core.Literal):
+            a = np.asarray(v.val, dtype=v.aval.dtype)
+            return "literal", a.dtype.str, a.shape, a.tobytes()
+        return ids[v]
+
+    exact.append(("jaxpr", tuple(map(define, jaxpr.constvars)), tuple(map(define, jaxpr.invars))))
     for eqn in jaxpr.eqns:
-        for v in eqn.invars:
-            _atom(v, exact)
-        exact.append(eqn.primitive.name)
+        exact.append((eqn.primitive.name, tuple(map(use, eqn.invars)), tuple(map(define, eqn.outvars))))
         for name in sorted(eqn.params):
             exact.append(name)
             _param(eqn.params[name], exact, same)
-
-
-def _atom(v: Any, exact: list) -> None:
-    if isinstance(v, jex_core.Literal):
-        exact.append(value_of(np.asarray(v.val, dtype=v.aval.dtype)))
+    exact.append(("out", tuple(map(use, jaxpr.outvars))))
 
 
 def _param(p: Any, exact: list, same: list) -> None:
