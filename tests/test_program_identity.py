@@ -261,3 +261,24 @@ def test_resume_refuses_another_lambda_of_the_same_module(tmp_path):
     with pytest.raises(jl.JaxlogError, match=r"the arrays it captures hold other values"):
         jl.resume(path2, lambda s: {"x": s["x"] * w2, "v": s["v"]}, 60, record={"x": lambda s: s["x"]},
                   progress=False)
+
+
+def test_one_keyed_step_batched_and_not():
+    """The same step object, run with one key and with one key per system: two programs, each
+    traced for the key it gets."""
+    state = jnp.zeros((3, 2), jnp.float32)
+
+    def step(key, s):  # a key of shape () or one per system: (3,)
+        return s + (jax.random.key_data(key)[..., :1] % 7).astype(jnp.float32)
+
+    one = jl.run(step, state, 4, key=jax.random.key(0), record={"s": lambda s: s}, progress=False)
+    per = jl.run(step, state, 4, key=jax.random.key(0), batched=True, record={"s": lambda s: s}, progress=False)
+    ref_one, ref_per = np.zeros((3, 2), np.float32), np.zeros((3, 2), np.float32)
+    for k in range(4):
+        kk = jax.random.fold_in(jax.random.key(0), k)
+        ref_one += np.asarray(jax.random.key_data(kk))[0] % 7
+        for sys in range(3):
+            ref_per[sys] += np.asarray(jax.random.key_data(jax.random.fold_in(kk, sys)))[0] % 7
+    np.testing.assert_array_equal(one.state, ref_one)
+    np.testing.assert_array_equal(per.state, ref_per)
+    assert not np.array_equal(ref_one, ref_per)

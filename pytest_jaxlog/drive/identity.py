@@ -45,7 +45,7 @@ from .shards import place
 _BOUND = threading.local()  # while a chunk program is traced: id(kernel) -> its constants (tracers)
 _TRACED: dict = {}  # (id(fn), signature, log capacity) -> (fn, its canonical callable)
 _CANONICAL: dict = {}  # (id(step), id(lanes), id(until), signature, capacity) -> ((...), Canonical)
-_KEY_AVALS: dict = {}  # (key type, n_systems) -> the type of the key a step gets
+_KEY_AVALS: dict = {}  # (key type, number of systems) -> the type of the key a step gets
 
 
 def step_key(key: Any, k: Any, n_systems: int | None) -> Any:
@@ -203,14 +203,14 @@ def canonical(step: Callable, lanes: tuple, until: Callable | None, state: Any, 
     nothing again."""
     leaves, treedef = jax.tree_util.tree_flatten(state)
     avals = (treedef, tuple(jax.typeof(x) for x in leaves))
-    sig = (avals, None if key is None else jax.typeof(key))
+    n = None if key is None else n_systems()  # the step's key: one per system in batched runs
+    sig = (avals, None if key is None else (jax.typeof(key), n))
 
     def make() -> tuple:
         st = jax.tree_util.tree_unflatten(treedef, [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves])
         step_args = (st,)
         if key is not None:
-            n = n_systems()
-            step_args = (memo(_KEY_AVALS, (sig[1], n), lambda: jax.eval_shape(lambda kk: step_key(kk, 0, n), key)), st)
+            step_args = (memo(_KEY_AVALS, sig[1], lambda: jax.eval_shape(lambda kk: step_key(kk, 0, n), key)), st)
         one = lambda fn, args: _canonical_one(fn, args, (sig, len(args)), capacity)  # noqa: E731
         # a fresh kernel per place in the plan: the chunk program binds constants to places
         new_lanes = tuple(dataclasses.replace(
