@@ -279,7 +279,7 @@ def _chunk_program_loop(step, state, record, steps: int, per_dispatch: int = 1, 
                 counts, rows = program.empty_counts(plan), 0
             flags = program.RECORD_INITIAL if initial and k == 0 else 0
             out = program.chunk(plan, s, bufs[0], None, kept.control(k, n, rows, flags), kept(counts), (),
-                                stopped)
+                                stopped, resolved.consts)
             s, bufs[0], counts, rows = out["state"], out["bufs"], out["counts"], rows + n
         return jax.block_until_ready(s)
 

@@ -130,10 +130,14 @@ def test_inline_lambdas_partials_and_nested_jit_share_or_not_as_they_compute():
     def kernel(k, s):
         return {"x": s["x"] * k, "v": s["v"]}
 
-    k1, k2 = jnp.float32(0.99), jnp.float32(0.98)
+    k1, k2 = jnp.full(N, 0.99, jnp.float32), jnp.full(N, 0.98, jnp.float32)
     a = go(functools.partial(kernel, k1))
     b = go(functools.partial(kernel, k2))  # the partial's array argument: hoisted
     assert b.timings.compiles == 0
+    c = go(functools.partial(kernel, jnp.float32(0.95)))  # a scalar stays a constant of the program
+    d = go(functools.partial(kernel, jnp.float32(0.94)))
+    assert c.timings.compiles == d.timings.compiles == 1
+    np.testing.assert_allclose(np.asarray(d.state["x"]), np.asarray(S0["x"]) * 0.94 ** 40, rtol=1e-5)
     np.testing.assert_allclose(np.asarray(b.state["x"]), np.asarray(S0["x"]) * 0.98 ** 40, rtol=1e-5)
     np.testing.assert_allclose(np.asarray(a.state["x"]), np.asarray(S0["x"]) * 0.99 ** 40, rtol=1e-5)
     # a jitted closure keeps its captured array inside: its value is part of the program

@@ -17,7 +17,7 @@ What the key holds, so that nothing that changes results is left out:
   ``custom_jvp`` rule, a callback: two rules of the same name are two rules);
 - the input and output pytree structures (their node types included);
 - the top-level constants (captured arrays): their types only where they are hoisted into
-  arguments of the program (``hoisted``), their values otherwise.
+  arguments of the program (``hoisted``, per constant), their values otherwise.
 
 ``digest()`` is a text form of the same for files (a checkpoint's step identity): it cannot
 keep objects, so it describes them by type and qualified name instead.
@@ -101,13 +101,16 @@ def _describe(x: Any) -> str:
     return repr(x) if isinstance(x, (tuple, *_PLAIN)) else f"{type(x).__qualname__}:{x!r}"
 
 
-def fingerprint(closed: Any, *, in_tree: Any, out_tree: Any, hoisted: bool, kind: str) -> Program:
+def fingerprint(closed: Any, *, in_tree: Any, out_tree: Any, hoisted: tuple | bool, kind: str) -> Program:
     """The :class:`Program` of a traced function (``closed``: its ``ClosedJaxpr``), its
-    top-level constants as types (``hoisted``: they are arguments of the program) or values."""
+    top-level constants as types (``hoisted``, per constant or for all: arguments of the
+    program) or values."""
     exact: list = []
     same: list = []
     _scan(closed.jaxpr, exact, same)
-    consts = tuple(aval_of(c) if hoisted else value_of(c) for c in closed.consts)
+    if isinstance(hoisted, bool):
+        hoisted = (hoisted,) * len(closed.consts)
+    consts = tuple(aval_of(c) if h else value_of(c) for c, h in zip(closed.consts, hoisted))
     return Program((kind, in_tree, out_tree, consts, tuple(exact), tuple(same)))
 
 

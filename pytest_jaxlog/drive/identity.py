@@ -10,7 +10,10 @@ equal plans and one executable:
 
 - :class:`Kernel`: a function that captures arrays (a box, a table) and logs nothing. It is
   evaluated from its jaxpr with the captured arrays *hoisted* into an argument of the chunk
-  program (``consts``), so runs that differ only in those arrays' values share the program. The
+  program (``consts``), so runs that differ only in those arrays' values share the program.
+  Captured scalars (a time step as a 0-d array) stay constants of the program, as captured
+  Python numbers do (a program for each value: XLA folds them, and the program is the one the
+  function itself gives). The
   chunk program binds each kernel's constants while it is traced (:func:`with_consts`); outside
   (resolving shapes) a kernel uses its own;
 - :class:`Shared`: any other function (nothing captured, or it calls ``jl.log``: the log
@@ -62,11 +65,13 @@ class Kernel:
     to every kernel of the same program (see the module's docs). One object per place in a plan:
     the chunk program binds constants to places."""
 
-    __slots__ = ("jaxpr", "in_tree", "out_tree", "consts", "program", "name")
+    __slots__ = ("jaxpr", "in_tree", "out_tree", "consts", "program", "name", "baked")
 
     def __init__(self, traced: "_Trace"):
         self.jaxpr, self.in_tree, self.out_tree = traced.closed.jaxpr, traced.in_tree, traced.out_tree
-        self.consts, self.program, self.name = traced.consts, traced.program, traced.name
+        self.program, self.name = traced.program, traced.name
+        self.consts = tuple(c for c in traced.consts if _hoisted(c))  # the program's argument
+        self.baked = tuple(None if _hoisted(c) else c for c in traced.consts)  # constants of the program
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Kernel) and other.program == self.program
@@ -76,7 +81,8 @@ class Kernel:
 
     def __call__(self, *args: Any) -> Any:
         env = getattr(_BOUND, "env", None)
-        return _evaluate(self, self.consts if env is None else env.get(id(self), self.consts), args)
+        hoisted = iter(self.consts if env is None else env.get(id(self), self.consts))
+        return _evaluate(self, [next(hoisted) if c is None else c for c in self.baked], args)
 
     def __repr__(self) -> str:
         return f"Kernel({self.name})"
@@ -178,11 +184,16 @@ def _canonical_new(fn: Callable, args: tuple, capacity: int | None) -> Callable:
                                     hoisted=False, kind="logs"), _name(fn))
         return Shared(fn, traced)
     out_tree = jax.tree_util.tree_structure(shape)
-    hoisted = bool(closed.consts)
     consts = tuple(jnp.asarray(c) for c in closed.consts)
+    hoisted = tuple(map(_hoisted, consts))
     traced = _Trace(closed, in_tree, out_tree, consts,
                     fingerprint(closed, in_tree=in_tree, out_tree=out_tree, hoisted=hoisted, kind="jaxpr"), _name(fn))
-    return Kernel(traced) if hoisted else Shared(fn, traced)
+    return Kernel(traced) if any(hoisted) else Shared(fn, traced)
+
+
+def _hoisted(const: Any) -> bool:
+    """Whether a captured array becomes an argument of the program: arrays, not scalars."""
+    return const.size > 1
 
 
 class Canonical(NamedTuple):
