@@ -674,7 +674,8 @@ class _Checkpointer:
     until: bool
 
     @classmethod
-    def of(cls, cfg: RunConfig, pipe: Pipeline, schema: Schema, state: Any, programs: dict | None) -> "_Checkpointer":
+    def of(cls, cfg: RunConfig, pipe: Pipeline, schema: Schema, state: Any,
+           programs: dict | None) -> "_Checkpointer":
         key_data, key_impl = (None, None) if cfg.key is None else key_record(cfg.key)
         template = CheckpointMeta(step=0, step_fn=step_name(cfg.step), key=key_data, key_impl=key_impl,
                                   invariants=[], active=[], violation=None, done=None, systems_done=None,
@@ -741,8 +742,8 @@ class Resolved(NamedTuple):
 
 def _resolve(cfg: RunConfig, state) -> Resolved:
     """The run's :class:`Resolved`, from the cache when the step, records and state types were seen."""
-    canon = identity.canonical(cfg.step, cfg.lanes, cfg.until, state, cfg.key, lambda: n_systems_of(state, cfg.batched),
-                               cfg.log_capacity)  # equal where they compute the same
+    canon = identity.canonical(cfg.step, cfg.lanes, cfg.until, state, cfg.key,  # equal where they compute the same
+                               lambda: n_systems_of(state, cfg.batched), cfg.log_capacity)
     ck = (canon.step, canon.lanes, _aval_key(state), _aval_key(cfg.key), cfg.has_aux, cfg.batched, canon.until,
           cfg.dt, cfg.logs, cfg.log_capacity)
     try:
@@ -772,7 +773,8 @@ def _resolve(cfg: RunConfig, state) -> Resolved:
             raise
         except Exception as e:
             raise JaxlogError(f"until= failed on the state: {short_error(e)}") from None
-    plan = dataclasses.replace(plan, lanes=_log_lanes(cfg, sorted(out_shape[2]), canon.lanes), collect=bool(out_shape[2]))
+    plan = dataclasses.replace(plan, lanes=_log_lanes(cfg, sorted(out_shape[2]), canon.lanes),
+                               collect=bool(out_shape[2]))
     aux_fn = (lambda st: traced_step(st)[1]) if cfg.has_aux else None
     found = resolve(plan.lanes, state, aux=aux_fn, logs=lambda st: traced_step(st)[2], batched=cfg.batched,
                     dt=cfg.dt, log_capacity=cfg.log_capacity)
