@@ -31,6 +31,17 @@ Workloads ("standard": total and kinetic energy every step, positions every 10 s
   anything (target: nothing);
 - ``long``: the long runs: LJ-64 NVE for 20,000 steps (target <= 1.05x) and 1024 harmonic
   oscillators for 200,000 steps (target <= 1.25x) against the scan computing the same records;
+- ``suite``: where users live, a pytest suite: 40 parametrized regression tests of a
+  256-oscillator kernel (1,000 steps each, the energy every step, the positions every 100,
+  ``finite`` + ``conserved``, a trajectory file), written four ways (``benchmarks/suites.py``: by
+  hand with a module-level jitted scan, numpy and h5py; the ``jaxlog`` fixture with views inline
+  in each test, with a factory per test, with views at module level), each run by pytest in a
+  fresh process with no persistent compilation cache (cold), the suites interleaved, serially and
+  with ``-n 2``: the wall time against the hand-written suite's (targets: inline views and
+  factories <= 1.5x, module-level views <= 1.2x). Also what a run that reuses a compiled program
+  pays to know it is the same (its functions traced again: a warm run of new function objects
+  less one of the same objects, LJ-64 and 256 oscillators) and the wall time of ``pytest
+  examples``;
 - ``accelerator``: the GPU workload, an LJ fluid of 4,096 atoms and 10^6 oscillators: the bare
   scan, the scan with the records, ``jl.run`` and ``jl.run`` with a 10-step profile window. It
   runs when JAX's default backend is not the CPU (``--accelerator`` forces it; ``--quick`` on the
@@ -269,7 +280,7 @@ def _chunk_program_loop(step, state, record, steps: int, per_dispatch: int = 1, 
                 counts, rows = program.empty_counts(plan), 0
             flags = program.RECORD_INITIAL if initial and k == 0 else 0
             out = program.chunk(plan, s, bufs[0], None, kept.control(k, n, rows, flags), kept(counts), (),
-                                stopped)
+                                stopped, resolved.consts)
             s, bufs[0], counts, rows = out["state"], out["bufs"], out["counts"], rows + n
         return jax.block_until_ready(s)
 
@@ -458,6 +469,65 @@ def section_long(args, rows: list[Row], files: Files) -> None:
                         "computing the same records", ratios(times, "jl.run", "scan + records"), target=target))
 
 
+def pytest_wall(target: str | Path, cwd: Path, workers: int = 0) -> float:
+    """Seconds of one pytest session in a fresh process (no cache plugin, no persistent
+    compilation cache: everything compiles cold); a failing suite stops the benchmark."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(target)]
+    cmd += ["-n", str(workers)] if workers else []
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(cwd)]), "JAX_ENABLE_COMPILATION_CACHE": "false"}
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if out.returncode != 0:
+        raise SystemExit(f"suite {target} failed:\n{out.stdout[-3000:]}{out.stderr[-2000:]}")
+    return wall
+
+
+def reuse_cost(make, steps: int, repeats: int) -> list[float]:
+    """Milliseconds a warm run of new function objects (a factory's, with views made inline)
+    takes beyond one of the same objects, both reusing one compiled program: what knowing it is
+    the same program costs (each function traced once)."""
+    def record(energy, positions):
+        return {"energy": lambda s: energy(s)["total"], "positions": jl.Record(lambda s: positions(s), every=10)}
+
+    made = [make() for _ in range(repeats + 1)]
+    step, state, energy, positions = made[0]
+    same = record(energy, positions)
+    fresh = iter(made)
+    times = interleaved({
+        "same objects": lambda: jl.run(step, state, steps, record=same, progress=False),
+        "new objects": lambda: (lambda k: jl.run(k[0], k[1], steps, record=record(k[2], k[3]), progress=False))(
+            next(fresh)),
+    }, repeats)
+    return [(a - b) * 1e3 for a, b in zip(times["new objects"], times["same objects"])]
+
+
+def section_suite(args, rows: list[Row], files: Files) -> None:
+    from suites import SUITES, write_suites
+
+    tests, steps = (6, 200) if args.quick else (40, 1_000)
+    where = files.tmp / "suites"
+    paths = write_suites(where, tests, steps)
+    for workers, label in ((0, "serial"),) if args.quick else ((0, "serial"), (2, "-n 2")):
+        walls: dict[str, list[float]] = {name: [] for name in SUITES}
+        for r in range(args.repeats):
+            for name in (SUITES if r % 2 == 0 else tuple(reversed(SUITES))):
+                walls[name].append(pytest_wall(paths[name], where, workers))
+        work = f"{tests} tests x {steps:,} steps, 256 oscillators, pytest {label}, cold"
+        rows.append(Row("suite", f"suite by hand ({label})", f"s: {work}", walls["reference"], unit="s"))
+        for name, what, target in (("inline", "views inline in each test", 1.5),
+                                   ("factory", "a factory per test", 1.5), ("module", "views at module level", 1.2)):
+            rows.append(Row("suite", f"suite, jaxlog: {what} ({label})", f"{work}, vs the suite by hand",
+                            ratios(walls, name, "reference"), target=target if workers == 0 else None))
+    for name, make in (("LJ-64", lj), ("256 oscillators", lambda: oscillators(256))):
+        rows.append(Row("suite", f"a reused program: knowing it, {name}", f"ms: a warm {steps:,}-step run of new "
+                        "function objects less one of the same objects", reuse_cost(make, steps, args.repeats),
+                        unit="ms"))
+    if not args.quick:
+        rows.append(Row("suite", "pytest examples", "s: the examples suite, serial, cold",
+                        [pytest_wall(ROOT / "examples", ROOT)], unit="s"))
+
+
 def section_accelerator(args, rows: list[Row], files: Files) -> None:
     small = args.quick and jax.default_backend() == "cpu"
     cases = (("lj", lambda: lj(6 if small else 16), 200 if small else 2_000),
@@ -518,7 +588,7 @@ def write_readme(text: str) -> None:
     README.write_text(new)
 
 
-SECTIONS = ("sparse", "fixed", "compile", "long", "accelerator")
+SECTIONS = ("sparse", "fixed", "compile", "long", "suite", "accelerator")
 
 
 def main() -> None:
@@ -559,6 +629,8 @@ def main() -> None:
                 section_compile(args, rows)
             elif name == "long":
                 section_long(args, rows, files)
+            elif name == "suite":
+                section_suite(args, rows, files)
             else:
                 section_accelerator(args, rows, files)
             print(f"{time.perf_counter() - t0:.0f} s")

@@ -625,8 +625,9 @@ def test_compiles_count_the_step_function_once_per_run(tmp_path):
     from pytest_jaxlog import Timeline
     from pytest_jaxlog import load_trace
 
-    def fresh(s):  # defined here: nothing compiled for it yet in this process
-        return osc_t(s)
+    def fresh(s):  # defined here, a program of its own (v * 1.0): nothing compiled for it yet in this process
+        out = osc_t(s)
+        return {**out, "v": out["v"] * 1.0}
 
     def go(win=None, timeline=None):
         return jl.run(fresh, STATE_T, 23, record=REC_T, invariants=[jl.finite("e")], chunk=5, profile=win,

@@ -49,6 +49,8 @@ class CheckpointMeta:
     x64: bool
     schema: dict = field(default_factory=dict)
     dt: float | None = None
+    # what the step, views and predicates compute (drive.identity.fingerprints); None in older files
+    programs: dict | None = None
 
     def encode(self) -> np.ndarray:
         return np.frombuffer(json.dumps(asdict(self)).encode(), dtype=np.uint8).copy()
@@ -63,7 +65,8 @@ class CheckpointMeta:
 
 
 def step_name(step: Any) -> str:
-    """How a resume recognises the step function: its module and qualified name."""
+    """The step function's module and qualified name: how messages name it, and how a resume
+    recognises it in files written before checkpoints held what it computes (``programs``)."""
     fn = getattr(step, "__wrapped__", step)
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
 
@@ -200,16 +203,23 @@ def _check_no_gap(traj: Any, step: int, filtered: frozenset[str], where: str) ->
 
 
 def check_against(point: ResumePoint, *, step_fn: Any, schema: Any, state: Any, key: Any, dt: Any,
-                  n_invariants: int) -> None:
+                  n_invariants: int, programs: dict | None = None) -> None:
     """Refuse a resume whose arguments differ from the run the file holds, naming what differs
-    (``schema=None``: before the step is traced, all but the records)."""
+    (``schema=None``: before the step is traced, all but the records and what the functions
+    compute). The step is recognised by its name and, where the file and the run both have them,
+    by what the step, views and predicates compute (``programs``: ``drive.identity.fingerprints``;
+    files written before had only the name)."""
     import jax
+
+    from .identity import differences
 
     meta = point.meta
     where = f"resume from {point.source.name.split('.resume-')[0].lstrip('.')} step {point.step}"
     problems = []
     if step_name(step_fn) != meta.step_fn:
         problems.append(f"step function {step_name(step_fn)} (the file's run used {meta.step_fn})")
+    if programs is not None and meta.programs is not None:
+        problems += differences(meta.programs, programs)
     if bool(jax.config.jax_enable_x64) != meta.x64:
         problems.append(f"x64 is {'on' if jax.config.jax_enable_x64 else 'off'} (the file's run had it "
                         f"{'on' if meta.x64 else 'off'})")

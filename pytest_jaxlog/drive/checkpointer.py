@@ -30,12 +30,13 @@ class Checkpointer:
     until: bool
 
     @classmethod
-    def of(cls, cfg: RunConfig, pipe: Pipeline, schema: Schema, state: Any) -> "Checkpointer":
+    def of(cls, cfg: RunConfig, pipe: Pipeline, schema: Schema, state: Any, programs: dict | None) -> "Checkpointer":
         key_data, key_impl = (None, None) if cfg.key is None else key_record(cfg.key)
         template = CheckpointMeta(step=0, step_fn=step_name(cfg.step), key=key_data, key_impl=key_impl,
                                   invariants=[], active=[], violation=None, done=None, systems_done=None,
                                   state_leaves=state_leaves(state), treedef=str(jax.tree_util.tree_structure(state)),
-                                  x64=bool(jax.config.read("jax_enable_x64")), schema=schema.to_json(), dt=cfg.dt)
+                                  x64=bool(jax.config.read("jax_enable_x64")), schema=schema.to_json(), dt=cfg.dt,
+                                  programs=programs)
         return cls(pipe, template, state_key_impls(state), cfg.until is not None)
 
     def save(self, step: int, state: Any, stopped: Any, systems_done: np.ndarray | None) -> int:

@@ -32,7 +32,8 @@ from .config import RunConfig
 from .loggers import ProgressLogger, progress_for_run
 from .pipeline import Pipeline, Span
 from .postmortem import replay
-from .resolution import as_arrays, capacity_of, laid_out, resolve_run, signature_of
+from .identity import placed
+from .resolution import as_arrays, capacity_of, laid_out, programs_of, resolve_run, signature_of
 from .result import Run, make_run
 from .scalars import scalars_on
 from .segments import Segment, segments
@@ -92,10 +93,12 @@ class RunLoop:
                           n_invariants=len(cfg.invariants))
         self.resolved = resolve_run(cfg, state)
         self.schema, self.shapes = self.resolved.schema, self.resolved.shapes
+        # what the run's functions compute, for a checkpoint to keep and a resume to compare
+        self.programs = None if cfg.resume is None and cfg.checkpoint is None else programs_of(self.resolved)
         self.progress = progress_for_run(cfg.progress, cfg.steps, self.schema)  # names checked before any step
         if cfg.resume is not None:
             check_against(cfg.resume, step_fn=cfg.step, schema=self.schema, state=state, key=cfg.key, dt=cfg.dt,
-                          n_invariants=len(cfg.invariants))
+                          n_invariants=len(cfg.invariants), programs=self.programs)
         self.pipe = Pipeline(sinks=cfg.sinks, invariants=cfg.invariants, on_violation=cfg.on_violation,
                              timeline=cfg.timeline)
 
@@ -121,6 +124,8 @@ class RunLoop:
         self.device = next(iter(leaves[0].devices())) if leaves else None
         self.committed = bool(leaves) and getattr(leaves[0], "committed", False)
         self.key = shards.place(cfg.key, mesh_rep)
+        consts = self.resolved.consts  # the functions' hoisted arrays: the chunk's last argument
+        self.consts = placed(consts, mesh_rep or self.device) if self.committed else consts
         self.no_masks = tuple(np.zeros(plan.length, dtype=bool) for _ in plan.host_masks)
         batched_until = cfg.until is not None and plan.n_systems is not None
         # the dispatches' small host values, kept on the device where the other arguments are placed
@@ -142,7 +147,7 @@ class RunLoop:
                                   f"{shards.process_count()} processes no process holds it")
             plan = self.plan
             probe = program.abstract((self.state, None, self.key, program.control(0, 0, 0, 0),
-                                      program.empty_counts(plan), self.no_masks, self.stopped))
+                                      program.empty_counts(plan), self.no_masks, self.stopped, self.consts))
             self.layout = shards.Layout.of(self.fn.lower(plan, *probe).compile().output_shardings, plan, self.schema)
             self.layout.check_invariants(cfg.invariants, self.schema)
             self.layout.check_sinks(self.pipe.sinks.sinks)
@@ -155,7 +160,7 @@ class RunLoop:
         cfg, plan, leaves, device = self.cfg, self.plan, self.leaves, self.device
         self.meta = self.describe()
         self.checkpointer = None if cfg.checkpoint is None else Checkpointer.of(cfg, self.pipe, self.schema,
-                                                                                self.state)
+                                                                                self.state, self.programs)
         # buffers go where the state is committed (uncommitted: the default device, and uncommitted too, or
         # the program would compile again for the mix of committed and uncommitted arguments)
         self.fills = Fills(plan, self.shapes, device if self.committed else None, cfg.budget,
@@ -233,7 +238,7 @@ class RunLoop:
         t0 = now_ns()
         bufs, row0, counts = self.fills.next(k0, length, flags)
         args = (plan, cur, bufs, self.key, self.kept.control(k0, length, row0, flags), self.kept(counts), masks,
-                stopped)
+                stopped, self.consts)
         compiles_before, t_call = (self.tracker.count, time.perf_counter()) if n_chunk == 0 else (0, 0.0)
         out = fn(*args) if win is None else self.window_step(win, k0, args)
         if n_chunk == 0:  # the first dispatch: did it trace and compile the program?
@@ -269,7 +274,7 @@ class RunLoop:
         plan = self.plan
         bufs = self.replay_bufs.pop() if self.replay_bufs else self.fills.spare()
         out = program.chunk(plan, carry[0], bufs, self.key, self.kept.control(k, 1, 0, 0),
-                            self.kept(program.empty_counts(plan)), self.no_masks, carry[1])
+                            self.kept(program.empty_counts(plan)), self.no_masks, carry[1], self.consts)
         self.replay_bufs.append(out["bufs"])
         return out["state"], out["stopped"]
 

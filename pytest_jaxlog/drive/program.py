@@ -62,6 +62,7 @@ from ..errors import JaxlogError
 from ..record.records import AUX, LOG
 from ..record.schedule import Schedule
 from ..logs import collect, collected_shapes
+from .identity import step_key, with_consts
 from .memo import Cache
 from .resolve import check_system_axes, view_values, flatten_view
 
@@ -115,7 +116,9 @@ def _selected(path: str, prefixes: tuple[str, ...]) -> bool:
 
 @dataclass(frozen=True)
 class Plan:
-    """Everything static about a chunk program: equal plans share one compiled executable."""
+    """Everything static about a chunk program: equal plans share one compiled executable. A run's
+    step, views and predicates are canonical callables here (``drive.identity``), equal where
+    they compute the same, so plans built from other function objects are equal too."""
 
     step: Callable
     lanes: tuple[Lane, ...]
@@ -324,10 +327,7 @@ def logged_shapes(plan: Plan, key: Any, k: Any, state: Any) -> tuple[Any, Any, d
 
 def _call_step(plan: Plan, key: Any, k: Any, state: Any) -> tuple[Any, Any]:
     if plan.keyed:
-        kk = jax.random.fold_in(key, k)
-        if plan.n_systems is not None:
-            kk = jax.vmap(lambda s: jax.random.fold_in(kk, s))(jnp.arange(plan.n_systems, dtype=jnp.uint32))
-        out = plan.step(kk, state)
+        out = plan.step(step_key(key, k, plan.n_systems), state)
     else:
         out = plan.step(state)
     if plan.has_aux:
@@ -721,5 +721,6 @@ def abstract(args: Any) -> Any:
     return Signature.of(args).abstract()
 
 
-chunk = jax.jit(chunk_impl, static_argnums=0, donate_argnums=2)
-chunk_donate = jax.jit(chunk_impl, static_argnums=0, donate_argnums=(1, 2))
+# the chunk's last argument: the constants hoisted out of the step, views and predicates (see drive.identity)
+chunk = jax.jit(with_consts(chunk_impl), static_argnums=0, donate_argnums=2)
+chunk_donate = jax.jit(with_consts(chunk_impl), static_argnums=0, donate_argnums=(1, 2))

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import JaxlogError
 from ..record.frames import Schema
-from . import program
+from . import identity, program
 from .config import RunConfig
 from .lanes import log_lanes
 from .memo import Cache
@@ -83,21 +83,24 @@ class Resolved(NamedTuple):
     schema: Schema
     shapes: tuple[dict, ...]  # per lane: leaf path -> frame ShapeDtypeStruct
     state_bytes: int  # device memory the state takes
+    consts: tuple = ()  # the run's hoisted constants (the chunk's last argument, see drive.identity)
 
 
 def resolve_run(cfg: RunConfig, state) -> Resolved:
     """The run's :class:`Resolved`, from the cache when the step, records and state types were seen."""
-    ck = (cfg.step, cfg.lanes, _aval_key(state), _aval_key(cfg.key), cfg.has_aux, cfg.batched, cfg.until, cfg.dt,
-          cfg.logs, cfg.log_capacity)
+    canon = identity.canonical(cfg.step, cfg.lanes, cfg.until, state, cfg.key,  # equal where they compute the same
+                               lambda: n_systems_of(state, cfg.batched), cfg.log_capacity)
+    ck = (canon.step, canon.lanes, _aval_key(state), _aval_key(cfg.key), cfg.has_aux, cfg.batched, canon.until,
+          cfg.dt, cfg.logs, cfg.log_capacity)
     try:
         hit = _RESOLVED.get(ck)
     except TypeError:  # an unhashable view: no cache
         ck, hit = None, None
     if hit is not None:
-        return hit
-    plan = Plan(step=cfg.step, lanes=cfg.lanes, dense=(), compact=(), initial=(), host_masks=(), has_aux=cfg.has_aux,
-                keyed=cfg.keyed, n_systems=n_systems_of(state, cfg.batched), until=cfg.until, length=0,
-                collect=True, log_capacity=cfg.log_capacity)
+        return hit if hit.consts is canon.consts else hit._replace(consts=canon.consts)
+    plan = Plan(step=canon.step, lanes=canon.lanes, dense=(), compact=(), initial=(), host_masks=(),
+                has_aux=cfg.has_aux, keyed=cfg.keyed, n_systems=n_systems_of(state, cfg.batched), until=canon.until,
+                length=0, collect=True, log_capacity=cfg.log_capacity)
 
     def traced_step(st):  # through the collector: the step's output and what it logs
         return program.apply_logged(plan, cfg.key, jnp.int32(0), st)
@@ -116,15 +119,21 @@ def resolve_run(cfg: RunConfig, state) -> Resolved:
             raise
         except Exception as e:
             raise JaxlogError(f"until= failed on the state: {short_error(e)}") from None
-    plan = dataclasses.replace(plan, lanes=log_lanes(cfg.lanes, cfg.logs, sorted(out_shape[2])),
+    plan = dataclasses.replace(plan, lanes=log_lanes(canon.lanes, cfg.logs, sorted(out_shape[2])),
                                collect=bool(out_shape[2]))
     aux_fn = (lambda st: traced_step(st)[1]) if cfg.has_aux else None
     found = resolve(plan.lanes, state, aux=aux_fn, logs=lambda st: traced_step(st)[2], batched=cfg.batched,
                     dt=cfg.dt, log_capacity=cfg.log_capacity)
     plan, schema = dataclasses.replace(plan, lanes=found.lanes), found.schema
     shapes = tuple({leaf.path: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in mine} for mine in found.per_lane)
-    resolved = Resolved(plan, schema, shapes, sum(x.nbytes for x in jax.tree_util.tree_leaves(state)))
+    resolved = Resolved(plan, schema, shapes, sum(x.nbytes for x in jax.tree_util.tree_leaves(state)), canon.consts)
     return resolved if ck is None else _RESOLVED.put(ck, resolved)
+
+
+def programs_of(resolved: Resolved) -> dict | None:
+    """What the run's functions compute, as a checkpoint records it (see ``drive.identity``)."""
+    plan = resolved.plan
+    return identity.fingerprints(plan.step, plan.until, plan.lanes, resolved.consts)
 
 
 def signature_of(fn: Callable, plan: Plan, resolved: Resolved, args: tuple, given: list) -> program.Signature:

@@ -56,10 +56,11 @@ attribute ``pytest_jaxlog.log`` is the function ``jl.log``, which a sub-package 
 replace as soon as it is imported.)
 """
 
-from .call import RESERVED_FIELDS, log, unheard, unheard_count
+from .call import RESERVED_FIELDS, calls_made, log, unheard, unheard_count
+from .find import jaxpr_has_logs
 from .interpreter import LogEvent
 from .trace import Shapes, has_logs, shapes_and_logs
 from .verbs import collect, collected_shapes, spool, tap
 
 __all__ = ["log", "spool", "tap", "collect", "collected_shapes", "has_logs", "shapes_and_logs", "Shapes",
-           "LogEvent", "RESERVED_FIELDS", "unheard", "unheard_count"]
+           "LogEvent", "RESERVED_FIELDS", "unheard", "unheard_count", "calls_made", "jaxpr_has_logs"]
