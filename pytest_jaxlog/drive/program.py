@@ -50,6 +50,7 @@ How a chunk of work steps ``k0 .. k0+n-1`` (recording steps ``k0+1 .. k0+n``) ru
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
@@ -516,59 +517,79 @@ def chunk_impl(plan: Plan, state, bufs, key, ctl: Control, counts, masks, stoppe
     chunks left off. ``stopped``: with ``until=``, the step where the run (per system: each
     system) stopped, -1 while it goes on; carried from chunk to chunk. Returns the state, the
     buffers, the new ``counts`` and ``stopped``."""
-    lanes = plan.lanes
-    k0, n, row0 = ctl.k0, ctl.n, ctl.row0
     if bufs is None:  # a sharded state's first set: zeros laid out as XLA places the views (see drive.chunks)
         bufs = _zeros(plan, state, key)
-    dense, compact = bufs["dense"], bufs["compact"]
-    counts = tuple(counts)
-    slot_of = {i: c for c, (i, _) in enumerate(plan.compact)}
+    loop = _ChunkLoop(plan, key, ctl, masks)
+    dense, compact, counts = bufs["dense"], bufs["compact"], tuple(counts)
     done = stopped >= 0
-
     if plan.initial:  # the initial state's frame: row 0 of row buffers, the first slot of compact ones
-        def first_frame(args):
-            dense, compact, counts = args
-            compact, counts = list(compact), list(counts)
-            rows = {}  # every row buffer's initial values, written together (buffers are shared by lanes)
-            for i in plan.initial:
-                vals = lanes[i].read(state, None)
-                if i in slot_of:
-                    c = slot_of[i]
-                    take = jnp.ones((), bool) if lanes[i].when is None else \
-                        when_flag(lanes[i], state, plan, live_at(stopped, k0))
-                    buf, steps = compact[c]
-                    compact[c] = (_put(buf, vals, counts[c]), _put_step(steps, k0, counts[c]))
-                    counts[c] = counts[c] + take.astype(jnp.int32)
-                else:
-                    rows.update(vals)
-            return _put_rows(plan, dense, rows, row0), tuple(compact), tuple(counts)
-
-        dense, compact, counts = lax.cond(ctl.record_initial, first_frame, lambda a: a, (dense, compact, counts))
+        dense, compact, counts = lax.cond(ctl.record_initial, functools.partial(loop.first_frame, state, stopped),
+                                          lambda a: a, (dense, compact, counts))
     if plan.until is not None:
-        def first_until(args):
-            done, stopped = args
-            now = until_flags(plan, state)
-            return done | now, jnp.where(now & ~done, k0, stopped)
+        done, stopped = lax.cond(ctl.check_initial, functools.partial(loop.first_until, state), lambda a: a,
+                                 (done, stopped))
+    carry = (jnp.int32(0), state, done, stopped, dense, compact, counts)
+    _, state, done, stopped, dense, compact, counts = lax.while_loop(loop.cond, loop.body(), carry)
+    # the steps that ran are not returned: all ``n`` of them, or, with ``until=``, up to the
+    # step ``stopped`` says (an output computed from the loop's index would be one more kernel)
+    return {"state": state, "bufs": {"dense": dense, "compact": compact}, "counts": counts, "stopped": stopped}
 
-        done, stopped = lax.cond(ctl.check_initial, first_until, lambda a: a, (done, stopped))
 
-    tests = {i: device_schedule(lanes[i].schedule) for i, _ in plan.compact}
-    mask_of = dict(zip(plan.host_masks, masks))
+class _ChunkLoop:
+    """The pieces of one chunk's device loop, traced once per program: what a loop index ``j``
+    (the state ``k0 + j``) does, and the loop body that fits the plan's records. A loop carry is
+    ``(j, state, done, stopped, dense, compact, counts)``."""
 
-    def going(j, done, bound):
+    def __init__(self, plan: Plan, key: Any, ctl: Control, masks: tuple):
+        self.plan, self.lanes, self.key = plan, plan.lanes, key
+        self.k0, self.n, self.row0 = ctl.k0, ctl.n, ctl.row0
+        self.slot_of = {i: c for c, (i, _) in enumerate(plan.compact)}
+        self.tests = {i: device_schedule(self.lanes[i].schedule) for i, _ in plan.compact}
+        self.mask_of = dict(zip(plan.host_masks, masks))
+        self.nexts = [device_next(self.lanes[i].schedule) for i, _ in plan.compact]
+
+    # -- the initial state ------------------------------------------------------------------------
+    def first_frame(self, state, stopped, args):
+        """The initial state's frame, every row buffer's values written together (buffers are
+        shared by lanes)."""
+        plan, lanes, k0 = self.plan, self.lanes, self.k0
+        dense, compact, counts = args
+        compact, counts = list(compact), list(counts)
+        rows = {}
+        for i in plan.initial:
+            vals = lanes[i].read(state, None)
+            if i in self.slot_of:
+                c = self.slot_of[i]
+                take = jnp.ones((), bool) if lanes[i].when is None else \
+                    when_flag(lanes[i], state, plan, live_at(stopped, k0))
+                buf, steps = compact[c]
+                compact[c] = (_put(buf, vals, counts[c]), _put_step(steps, k0, counts[c]))
+                counts[c] = counts[c] + take.astype(jnp.int32)
+            else:
+                rows.update(vals)
+        return _put_rows(plan, dense, rows, self.row0), tuple(compact), tuple(counts)
+
+    def first_until(self, state, args):
+        done, stopped = args
+        now = until_flags(self.plan, state)
+        return done | now, jnp.where(now & ~done, self.k0, stopped)
+
+    # -- one step ------------------------------------------------------------------------------------
+    def going(self, j, done, bound):
         """Whether the loop takes another step: ``j < bound`` and, with ``until=``, some system is
         not done (without it nothing is ever done: no test, one comparison less to compile)."""
-        if plan.until is None:
+        if self.plan.until is None:
             return j < bound
         return (j < bound) & ~jnp.all(done)
 
-    def cond(carry):
-        return going(carry[0], carry[2], n)
+    def cond(self, carry):
+        return self.going(carry[0], carry[2], self.n)
 
-    def advance(j, st, done, stopped):
+    def advance(self, j, st, done, stopped):
         """One application of the step from state ``k0 + j`` (``until=``: stop flags, frozen systems)."""
-        k = k0 + j
-        new, aux, logs = apply_logged(plan, key, k, st)
+        plan = self.plan
+        k = self.k0 + j
+        new, aux, logs = apply_logged(plan, self.key, k, st)
         if plan.until is not None:
             if plan.n_systems is not None:  # the systems done before this step: its results are thrown away
                 new = _freeze(plan, done, st, new)
@@ -578,17 +599,43 @@ def chunk_impl(plan: Plan, state, bufs, key, ctl: Control, counts, masks, stoppe
             done = done | now
         return new, aux, logs, done, stopped
 
-    def body(carry):
-        j, st, done, stopped, dense, compact, counts = carry
-        k = k0 + j
-        st, aux, logs, done, stopped = advance(j, st, done, stopped)
+    def dense_rows(self, dense, st, aux, logs, j):
+        """The every-step records of the state ``k0 + j + 1`` written into their row."""
         ys = {}
-        for i in plan.dense:
-            ys.update(lanes[i].read(st, aux, logs))
-        dense = _put_rows(plan, dense, ys, row0 + j + 1)
+        for i in self.plan.dense:
+            ys.update(self.lanes[i].read(st, aux, logs))
+        return _put_rows(self.plan, dense, ys, self.row0 + j + 1)
+
+    def next_bound(self, j):
+        """The loop index of the next state after ``k0 + j`` some compact lane is scheduled at
+        (``nexts`` give int32 max for none), or ``n`` (the chunk's end)."""
+        bound = self.n
+        for f in self.nexts:
+            bound = jnp.minimum(bound, f(self.k0 + j) - self.k0)  # no overflow: k0 >= 0
+        return bound
+
+    # -- loop bodies -------------------------------------------------------------------------------
+    def body(self) -> Callable:
+        """The loop body for the plan's records: nested loops where every schedule is known on the
+        device (views only, or only sparse records), else one step per iteration."""
+        plan, lanes = self.plan, self.lanes
+        device_schedules = not plan.host_masks and all(f is not None for f in self.nexts)
+        if device_schedules and not any(lanes[i].from_step for i, _ in plan.compact):
+            return self.nested_body
+        if device_schedules and plan.compact and not plan.dense:
+            return self.sparse_body
+        return self.step_body
+
+    def step_body(self, carry):
+        """One step, its every-step records, and each compact lane where scheduled."""
+        plan, lanes = self.plan, self.lanes
+        j, st, done, stopped, dense, compact, counts = carry
+        k = self.k0 + j
+        st, aux, logs, done, stopped = self.advance(j, st, done, stopped)
+        dense = self.dense_rows(dense, st, aux, logs, j)
         new_compact, new_counts = [], []
         for (i, m), (buf, steps), count in zip(plan.compact, compact, counts):
-            take = mask_of[i][j] if i in mask_of else tests[i](k + 1)
+            take = self.mask_of[i][j] if i in self.mask_of else self.tests[i](k + 1)
             if lanes[i].when is not None:
                 take = take & when_flag(lanes[i], st, plan, live_at(stopped, k + 1))
 
@@ -601,90 +648,68 @@ def chunk_impl(plan: Plan, state, bufs, key, ctl: Control, counts, masks, stoppe
             new_counts.append(count)
         return j + 1, st, done, stopped, dense, tuple(new_compact), tuple(new_counts)
 
-    nexts = [device_next(lanes[i].schedule) for i, _ in plan.compact]
-    device_schedules = not plan.host_masks and all(f is not None for f in nexts)
-    views_only = not any(lanes[i].from_step for i, _ in plan.compact)
-
-    def next_bound(j):
-        """The loop index of the next state after ``k0 + j`` some compact lane is scheduled at
-        (``nexts`` give int32 max for none), or ``n`` (the chunk's end)."""
-        bound = n
-        for f in nexts:
-            bound = jnp.minimum(bound, f(k0 + j) - k0)  # no overflow: k0 >= 0
-        return bound
-
-    if device_schedules and views_only:
-        # Nested loops, like a nested scan: an inner loop runs the steps up to the next state a
-        # compact lane is scheduled at, writing the every-step records (no schedule test, no cond
-        # per step); then the state reached is recorded by the compact lanes where scheduled. The
-        # step and each view appear once in the program, and which states are recorded depends
-        # on the schedules only, so results are the same for any chunk size. A compact lane whose
-        # schedule is the only one and which has no when= is taken at nearly every state reached
-        # (not at a chunk's end or a stop): its view is evaluated there unconditionally and
-        # written to its next slot, counted where taken (inside a cond, the sparse benchmark's
-        # view ran slower on XLA:CPU); other lanes keep the cond, so an expensive view is never
-        # evaluated at another lane's steps.
+    def nested_body(self, carry):
+        """Nested loops, like a nested scan: an inner loop runs the steps up to the next state a
+        compact lane is scheduled at, writing the every-step records (no schedule test, no cond
+        per step); then the state reached is recorded by the compact lanes where scheduled. The
+        step and each view appear once in the program, and which states are recorded depends
+        on the schedules only, so results are the same for any chunk size. A compact lane whose
+        schedule is the only one and which has no when= is taken at nearly every state reached
+        (not at a chunk's end or a stop): its view is evaluated there unconditionally and
+        written to its next slot, counted where taken (inside a cond, the sparse benchmark's
+        view ran slower on XLA:CPU); other lanes keep the cond, so an expensive view is never
+        evaluated at another lane's steps."""
+        plan, lanes, k0 = self.plan, self.lanes, self.k0
         eager = {i for i, _ in plan.compact if lanes[i].when is None} \
             if len({lanes[i].schedule for i, _ in plan.compact}) == 1 else set()
 
         def inner(c):
             j, st, done, stopped, dense = c
-            st, aux, logs, done, stopped = advance(j, st, done, stopped)
+            st, aux, logs, done, stopped = self.advance(j, st, done, stopped)
             if plan.dense:
-                ys = {}
-                for i in plan.dense:
-                    ys.update(lanes[i].read(st, aux, logs))
-                dense = _put_rows(plan, dense, ys, row0 + j + 1)
+                dense = self.dense_rows(dense, st, aux, logs, j)
             return j + 1, st, done, stopped, dense
 
-        def body(carry):  # noqa: F811  (the nested loop body)
-            j, st, done, stopped, dense, compact, counts = carry
-            bound = next_bound(j)  # bound > j: at least one step
-            j, st, done, stopped, dense = lax.while_loop(lambda c: going(c[0], c[2], bound), inner,
-                                                         (j, st, done, stopped, dense))
-            new_compact, new_counts = [], []
-            for (i, m), (buf, steps), count in zip(plan.compact, compact, counts):
-                # whether the state reached is one this lane is scheduled at: asked again rather
-                # than compared with the target found before the inner loop (no state it passed
-                # is scheduled), so the target is not carried through the loop, a kernel less
-                take = tests[i](k0 + j)
-                if lanes[i].when is not None:
-                    take = take & when_flag(lanes[i], st, plan, live_at(stopped, k0 + j))
-                if i in eager:
-                    buf, steps, count = _put_next(take & (count < m - 1), buf, steps, count,
-                                                  lanes[i].read(st, None, None), k0 + j)
-                else:
-                    def write(args, i=i, k=k0 + j):
-                        buf, steps, count = args
-                        return _put(buf, lanes[i].read(st, None, None), count), _put_step(steps, k, count), count + 1
+        j, st, done, stopped, dense, compact, counts = carry
+        bound = self.next_bound(j)  # bound > j: at least one step
+        j, st, done, stopped, dense = lax.while_loop(lambda c: self.going(c[0], c[2], bound), inner,
+                                                     (j, st, done, stopped, dense))
+        new_compact, new_counts = [], []
+        for (i, m), (buf, steps), count in zip(plan.compact, compact, counts):
+            # whether the state reached is one this lane is scheduled at: asked again rather
+            # than compared with the target found before the inner loop (no state it passed
+            # is scheduled), so the target is not carried through the loop, a kernel less
+            take = self.tests[i](k0 + j)
+            if lanes[i].when is not None:
+                take = take & when_flag(lanes[i], st, plan, live_at(stopped, k0 + j))
+            if i in eager:
+                buf, steps, count = _put_next(take & (count < m - 1), buf, steps, count,
+                                              lanes[i].read(st, None, None), k0 + j)
+            else:
+                def write(args, i=i, k=k0 + j):
+                    buf, steps, count = args
+                    return _put(buf, lanes[i].read(st, None, None), count), _put_step(steps, k, count), count + 1
 
-                    buf, steps, count = lax.cond(take & (count < m), write, lambda a: a, (buf, steps, count))
-                new_compact.append((buf, steps))
-                new_counts.append(count)
-            return j, st, done, stopped, dense, tuple(new_compact), tuple(new_counts)
-    elif device_schedules and plan.compact and not plan.dense:
-        # only sparse records, some of them aux or logs (what the step returns): the steps before
-        # the next scheduled one run in an inner loop that only steps, then the scheduled step runs
-        # and records
-        record_step = body
+                buf, steps, count = lax.cond(take & (count < m), write, lambda a: a, (buf, steps, count))
+            new_compact.append((buf, steps))
+            new_counts.append(count)
+        return j, st, done, stopped, dense, tuple(new_compact), tuple(new_counts)
 
+    def sparse_body(self, carry):
+        """Only sparse records, some of them aux or logs (what the step returns): the steps before
+        the next scheduled one run in an inner loop that only steps, then the scheduled step runs
+        and records."""
         def plain(c):
             j, st, done, stopped = c
-            st, _, _, done, stopped = advance(j, st, done, stopped)
+            st, _, _, done, stopped = self.advance(j, st, done, stopped)
             return j + 1, st, done, stopped
 
-        def body(carry):  # noqa: F811  (the loop body when every record is sparse)
-            j, st, done, stopped = carry[:4]
-            bound = next_bound(j)
-            j, st, done, stopped = lax.while_loop(lambda c: going(c[0] + 1, c[2], bound), plain, (j, st, done, stopped))
-            carry = (j, st, done, stopped, *carry[4:])
-            return lax.cond(going(j, done, n), record_step, lambda c: c, carry)
-
-    carry = (jnp.int32(0), state, done, stopped, dense, compact, counts)
-    _, state, done, stopped, dense, compact, counts = lax.while_loop(cond, body, carry)
-    # the steps that ran are not returned: all ``n`` of them, or, with ``until=``, up to the
-    # step ``stopped`` says (an output computed from the loop's index would be one more kernel)
-    return {"state": state, "bufs": {"dense": dense, "compact": compact}, "counts": counts, "stopped": stopped}
+        j, st, done, stopped = carry[:4]
+        bound = self.next_bound(j)
+        j, st, done, stopped = lax.while_loop(lambda c: self.going(c[0] + 1, c[2], bound), plain,
+                                              (j, st, done, stopped))
+        carry = (j, st, done, stopped, *carry[4:])
+        return lax.cond(self.going(j, done, self.n), self.step_body, lambda c: c, carry)
 
 
 @dataclass(frozen=True)
