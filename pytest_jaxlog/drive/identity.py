@@ -65,7 +65,8 @@ class Kernel:
     to every kernel of the same program (see the module's docs). One object per place in a plan:
     the chunk program binds constants to places."""
 
-    __slots__ = ("jaxpr", "in_tree", "out_tree", "consts", "program", "name", "baked")
+    FIELDS = ("jaxpr", "in_tree", "out_tree", "consts", "program", "name", "baked")
+    __slots__ = (*FIELDS, "__weakref__")  # jax.jit (eval_shape too) keeps a weak reference to a function
 
     def __init__(self, traced: "_Trace"):
         self.jaxpr, self.in_tree, self.out_tree = traced.closed.jaxpr, traced.in_tree, traced.out_tree
@@ -92,7 +93,7 @@ class Shared:
     """A function called as it is, equal to every function of the same program (its captured
     arrays' values included): a plan may hold the first one seen."""
 
-    __slots__ = ("fn", "program", "name", "traced", "collected")
+    __slots__ = ("fn", "program", "name", "traced", "collected", "__weakref__")  # (see Kernel's)
 
     def __init__(self, fn: Callable, traced: "_Trace"):
         self.fn, self.program, self.name = fn, traced.program, traced.name
@@ -248,7 +249,7 @@ def _placed(fn: Callable) -> Callable:
     if not isinstance(fn, Kernel):
         return fn
     new = object.__new__(Kernel)
-    for name in Kernel.__slots__:
+    for name in Kernel.FIELDS:
         setattr(new, name, getattr(fn, name))
     return new
 
