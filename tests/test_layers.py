@@ -250,7 +250,7 @@ PLANTED = {
     "__import__ upward": ("record/planted_dunder.py", "def f():\n    return __import__('pytest_jaxlog.drive')\n",
                           bad_imports, "pytest_jaxlog.drive (layer drive"),
     "import upward": ("profiling/planted_up.py", "from ..store import hdf5\n", bad_imports,
-                      "pytest_jaxlog.store (layer store, rank 2 >= profiling's 2)"),
+                      "pytest_jaxlog.store (layer store, rank 3 >= profiling's 3)"),
     "heavy plugin side": ("harness/planted_heavy.py", "import numpy as np\n", starts_heavy, "numpy"),
 }
 

@@ -19,11 +19,10 @@ import numpy as np
 from ..errors import JaxlogError
 from ..record.frames import LeafSpec, Schema
 from ..record.numbers import check_dt
-from ..record.records import AUX, LOG, leaf_paths
+from ..record.records import AUX, LOG, WHEN, leaf_paths
 from ..record.schedule import Every, Schedule, as_schedule
 from ..logs import Shapes, collect, has_logs, shapes_and_logs
 from ..logs.call import check_log_name
-from ..store.system_view import WHEN  # "when/<record>": a batched record's per-system when= flags
 
 AUX_SCHEDULE = Every(1, start=1)  # aux comes out of the application k -> k+1: recorded at k+1
 LOG_SCHEDULE = AUX_SCHEDULE  # so do the step's logs

@@ -17,6 +17,7 @@ from ..record.schedule import Schedule, as_schedule
 _NAME = re.compile(r"^[^/\s][^/]*$")
 AUX = "aux"
 LOG = "log"  # values logged with jl.log inside the step or a view: "log/<name>"
+WHEN = "when"  # "when/<record>": which systems each row of a batched per-system when= record holds
 
 
 @dataclass(frozen=True)
