@@ -77,6 +77,7 @@ _LAYOUT_BYTES = 12 << 10  # per leaf at creation (group, datasets, object header
 # new space in the file (a disk that is full still takes the final status)
 _FIXED_ATTRS = {"status": 16, "steps_done": 24, "writer_error": 2048}
 _LIVE: "weakref.WeakSet[HDF5Writer]" = weakref.WeakSet()
+_STUCK: "set[HDF5Writer]" = set()  # writers whose thread stalled (kept: the thread may still hold h5py's lock)
 _EMPTY_STEPS = np.zeros(0, dtype=np.int64)
 
 
@@ -560,6 +561,7 @@ class HDF5Writer(Sink):
         self._stalled = True
         waited = f"{waited_s:.0f} s" if waited_s is not None else f"over {self.stall_timeout_s:.0f} s"
         _LIVE.discard(self)  # the exit hook must not wait on it again
+        _STUCK.add(self)
         pending = self._queue.bytes
         raise WriterError(
             f"{what} {self.path}: the writer thread has written nothing for {waited} (a hung disk or "
@@ -999,9 +1001,49 @@ class HDF5Writer(Sink):
 
 @atexit.register
 def _close_abandoned() -> None:
-    """A writer the caller never closed still leaves a valid file (status ``failed``)."""
+    """A writer the caller never closed still leaves a valid file (status ``failed``); a writer
+    thread stuck in a write (a hung disk) is abandoned, see ``_exit_past_stuck_writers``."""
     for writer in list(_LIVE):
         try:
             writer.close("failed")
         except BaseException:  # noqa: BLE001  (exit path: the error was the caller's to see)
             pass
+    _exit_past_stuck_writers()
+
+
+def _h5py_lock_free(tries: int = 20) -> bool:
+    """Whether h5py's global lock can be taken (a live thread holds it only briefly)."""
+    from h5py._objects import phil
+
+    for _ in range(tries):
+        if phil.acquire(False):
+            phil.release()
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def _exit_past_stuck_writers() -> None:
+    """A thread stuck inside an HDF5 call holds h5py's global lock forever, and the interpreter's
+    shutdown frees h5py objects, which takes that lock: the process would never exit. So when a
+    stalled writer thread is still alive at exit and h5py's lock stays taken, the process ends
+    here, status 1, after flushing the standard streams and logging (exit handlers registered
+    before this module's import and the interpreter's own teardown are skipped). A stalled thread
+    stuck outside h5py leaves the lock free: the process then exits as it would."""
+    stuck = [w for w in _STUCK if w._thread is not None and w._thread.is_alive()]
+    if not stuck or _h5py_lock_free():
+        return
+    import logging
+    import sys
+
+    names = ", ".join(str(w.path) for w in stuck)
+    try:
+        print(f"[jaxlog] exiting with status 1 without waiting for the writer thread of {names}, stuck in a "
+              f"write (a hung disk or file system?); its file keeps status 'running' and the frames flushed "
+              f"before", file=sys.stderr)
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+    except BaseException:  # noqa: BLE001  (the exit must happen whatever the streams do)
+        pass
+    os._exit(1)
