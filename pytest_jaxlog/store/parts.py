@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import secrets
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -172,9 +173,9 @@ class PartsWriter(Sink):
         the new one, never half of one."""
         from .. import __version__
 
-        tmp = self.path.with_name(f".{self.path.name}.index-{os.getpid()}")
+        tmp = self.path.with_name(f".{self.path.name}.index-{os.getpid()}-{secrets.token_hex(4)}")
         try:
-            with h5py.File(tmp, "w", libver=LIBVER) as f:
+            with h5py.File(tmp, "w-", libver=LIBVER) as f:  # a new file: never through a planted link
                 h5md = f.create_group("h5md")
                 h5md.attrs["version"] = np.array([1, 1], dtype=np.int32)
                 creator = f.create_group("h5md/creator")
@@ -191,7 +192,8 @@ class PartsWriter(Sink):
             os.replace(tmp, self.path)
         except BaseException:
             try:
-                tmp.unlink()
+                if not tmp.is_symlink():
+                    tmp.unlink()
             except OSError:
                 pass  # never created: nothing to remove
             raise
