@@ -57,9 +57,24 @@ class CheckpointMeta:
     def decode(cls, raw: np.ndarray, where: str) -> "CheckpointMeta":
         try:
             data = json.loads(bytes(np.asarray(raw, dtype=np.uint8)).decode())
-            return cls(**data)
-        except (ValueError, TypeError, UnicodeDecodeError) as e:
-            raise JaxlogError(f"{where}: the checkpoint's {META} entry is not valid ({e})") from None
+            meta = cls(**data)
+        except (ValueError, TypeError, UnicodeDecodeError, RecursionError) as e:
+            raise JaxlogError(f"{where}: the checkpoint's {META} entry is not valid ({type(e).__name__}: {e})") from None
+        wrong = [f"{name} is {type(getattr(meta, name)).__name__}" for name, kinds in _META_TYPES.items()
+                 if not isinstance(getattr(meta, name), kinds) or isinstance(getattr(meta, name), bool) and
+                 bool not in kinds]
+        if wrong:
+            raise JaxlogError(f"{where}: the checkpoint's {META} entry is not valid ({', '.join(wrong)})")
+        return meta
+
+
+# the JSON types of CheckpointMeta's fields (what a file says is checked before it is used)
+_META_TYPES: dict[str, tuple] = {
+    "step": (int,), "step_fn": (str,), "key": (list, type(None)), "key_impl": (str, type(None)),
+    "invariants": (list,), "active": (list,), "violation": (dict, type(None)), "done": (list, bool, type(None)),
+    "systems_done": (list, type(None)), "state_leaves": (dict,), "treedef": (str,), "x64": (bool,),
+    "schema": (dict,), "dt": (float, int, type(None)),
+}
 
 
 def step_name(step: Any) -> str:
@@ -256,6 +271,7 @@ def key_record(key: Any) -> tuple[list, str | None]:
 def rebuild_state(flat: dict, impls: dict, like: Any, meta: CheckpointMeta, where: str) -> Any:
     """The checkpoint's state: as ``like``'s pytree when given, else from the stored key paths
     (nested dicts, which is exact for states made of dicts)."""
+    from ..store.dtypes import wrap_key_data
     from ..store.trajectory import _nest, _rebuild
 
     if like is not None:
@@ -268,7 +284,7 @@ def rebuild_state(flat: dict, impls: dict, like: Any, meta: CheckpointMeta, wher
     out = {}
     for p, v in flat.items():
         impl = impls.get(p)
-        out[p] = jax.random.wrap_key_data(v, impl=impl) if impl else v
+        out[p] = wrap_key_data(v, impl, f"{where}: {p}") if impl else v
     return out.get("state") if "state" in out else _nest(out, "state")
 
 

@@ -67,8 +67,8 @@ def read(path: Path) -> dict[str, Any]:
     message is the cause (the caller says which file)."""
     try:
         doc = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise JaxlogError(str(exc)) from None
+    except (OSError, ValueError, RecursionError) as exc:
+        raise JaxlogError(f"{type(exc).__name__}: {exc}" if isinstance(exc, RecursionError) else str(exc)) from None
     if not isinstance(doc, dict):
         raise JaxlogError("not a JSON object")
     return doc
