@@ -133,6 +133,7 @@ def prepare(path: str | os.PathLike, from_step: int | None, *, filtered: frozens
     from ..store.trajectory import load
 
     path = Path(path)
+    recover_interrupted(path)
     traj = load(path)
     stored = traj.attachment_steps(NAME)
     if traj.status == "complete" and traj.stop_reason in (None, "steps", "until") and from_step is None:
@@ -156,11 +157,63 @@ def prepare(path: str | os.PathLike, from_step: int | None, *, filtered: frozens
             raise JaxlogError(f"{path} holds no checkpoint to resume from (run with checkpoint=jl.every(n))")
         raise JaxlogError(f"{path}: no checkpoint has all its frames intact, nothing to resume from ({damage})")
     check_consistent(traj, found, filtered=filtered)
-    source = path.with_name(f".{path.name}.resume-{os.getpid()}")
+    source = path.with_name(f".{path.name}{RESUME_MARK}{os.getpid()}")
     if source.exists():
         source.unlink()
     os.link(path, source)
     return Resumable(point=ResumePoint(source=source, step=found.step, meta=found.meta), checkpoint=found)
+
+
+RESUME_MARK = ".resume-"  # the old file's second name during a resume: .<name>.resume-<pid>
+
+
+def interrupted_copies(path: Path) -> list[Path]:
+    """The second names of ``path`` that resumes killed before they ended left (their process is
+    gone), newest first."""
+    from ..store.pathlock import process_alive
+
+    prefix = f".{path.name}{RESUME_MARK}"
+    found = []
+    try:
+        entries = list(os.scandir(path.parent))
+    except OSError:
+        return []
+    for entry in entries:
+        pid = entry.name[len(prefix):] if entry.name.startswith(prefix) else ""
+        if pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid)):
+            try:
+                found.append((entry.stat(follow_symlinks=False).st_mtime_ns, Path(entry.path)))
+            except OSError:
+                pass
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def _resumable(path: Path) -> bool:
+    """Whether ``path`` opens and holds a whole checkpoint (what a resume needs)."""
+    from ..store.trajectory import load
+
+    try:
+        traj = load(path)
+        return any(checkpoint_at(traj, step) is not None for step in reversed(traj.attachment_steps(NAME)))
+    except JaxlogError:
+        return False
+
+
+def recover_interrupted(path: Path) -> None:
+    """Undo what a resume killed mid-way left: its new file may be in place before it holds a
+    checkpoint (an empty ``running`` file), the old trajectory only under its second name. The
+    old file comes back where the new one holds no checkpoint; the second names are removed."""
+    copies = [c for c in interrupted_copies(path) if not c.is_symlink() and c.is_file()]
+    if not copies:
+        return
+    same = [c for c in copies if path.exists() and os.path.samefile(path, c)]
+    if not same and not _resumable(path):
+        for c in copies:
+            if _resumable(c):
+                os.replace(c, path)  # atomic: the path holds one of the two files at every instant
+                break
+    for c in copies:
+        c.unlink(missing_ok=True)
 
 
 def check_consistent(traj: Any, found: Checkpoint, *, filtered: frozenset[str] = frozenset()) -> None:

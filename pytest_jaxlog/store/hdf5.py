@@ -54,7 +54,7 @@ from ..record.numbers import is_integer
 from .bytequeue import ByteQueue, Item, Stalled
 from .format import CRC_ATTR, CRC_COVERS, LIBVER, attr_text, json_crc32, json_text
 from .dtypes import DTYPE_ATTR, KEY_IMPL_ATTR, check_frames, check_leaf_dtype, encode, storage_dtype, to_host
-from .pathlock import PathLock
+from .pathlock import PathLock, process_alive
 from .sink import STATUSES, Sink
 from .space import NoSpace, SpaceReserve, superblock_end, trim
 
@@ -586,8 +586,11 @@ class HDF5Writer(Sink):
             return
         for entry in entries:
             name = entry.name
+            resumed = name[len(prefix) + len("resume-"):] if name.startswith(prefix + "resume-") else ""
             if name.startswith(prefix) and name.endswith(TMP_SUFFIX) and \
-                    _TMP_MIDDLE.fullmatch(name[len(prefix):-len(TMP_SUFFIX)]):
+                    _TMP_MIDDLE.fullmatch(name[len(prefix):-len(TMP_SUFFIX)]) or \
+                    resumed.isdigit() and int(resumed) != os.getpid() and not process_alive(int(resumed)):
+                # (the second name of the file a resume killed mid-way was replacing: this run replaces it too)
                 try:
                     os.unlink(entry.path)
                 except OSError:

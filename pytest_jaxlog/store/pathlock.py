@@ -36,6 +36,17 @@ def lock_path(target: Path) -> Path:
     return target.with_name(f".{target.name}{LOCK_SUFFIX}")
 
 
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (on this host): names that carry a pid are stale once it is gone."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's process: alive
+    return True
+
+
 def _holder_text() -> str:
     cmd = " ".join(sys.argv)[:300] if sys.argv else "?"
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
