@@ -633,6 +633,7 @@ class HDF5Writer(Sink):
             self._flushed_end = f.id.get_filesize()
             if self._flushed_end > self._space.reserved:
                 self.stats["reserve_misses"] += 1
+            self._space.forget()
             os.replace(tmp, self.path)
             self._file, self._state = f, "open"
         except BaseException as exc:
@@ -935,6 +936,7 @@ class HDF5Writer(Sink):
         bound = self._flushed_end + self._unflushed + _SLACK
         self._set_fixed("steps_done", max(self._written_step, 0))
         f.flush()
+        self._space.forget()
         self._check_end(bound)
         self._flushed_end = self._file_end()
         self._unflushed = 0
