@@ -102,6 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     args = parser.parse_args(argv)
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Printable(out), _Printable(err)  # text from files and manifests included
     try:
         return {"info": cmd_info, "diff": cmd_diff, "trace": cmd_trace, "plot": cmd_plot,
                 "summary": cmd_summary, "merge": cmd_merge}[args.command](args)
@@ -113,6 +115,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except BrokenPipeError:  # `... | head`
         return 0
+    finally:
+        sys.stdout, sys.stderr = out, err
+
+
+def printable(text: str) -> str:
+    """``text`` with every control or format character but the newline written as its escape
+    (``\\x1b``, ``\\u202e``): names, messages and values read from a file or manifest never
+    drive the terminal (colours, cursor moves, titles, reordered text)."""
+    if text.replace("\n", "").isprintable():
+        return text
+    return "".join(c if c == "\n" or c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+class _Printable:
+    """A text stream that writes everything through ``printable``: the command line prints
+    through it, so no string it shows, whatever its source, reaches the terminal raw."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return self._stream.write(printable(text))
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -450,6 +477,15 @@ def _manifests(roots: Sequence[str]) -> list[tuple[Path, dict]]:
     return out
 
 
+def _summarize_one(path: Path, doc: dict, markdown: bool) -> tuple[list[str], int]:
+    """One manifest's lines and its count of trace artifacts; a manifest whose fields are not
+    what the plugin writes is one ``JaxlogError`` naming it (the summary skips it)."""
+    try:
+        return _manifest_lines(path, doc, markdown)
+    except (TypeError, AttributeError, KeyError, ValueError, IndexError, RecursionError) as exc:
+        raise JaxlogError(f"skipping malformed manifest {path}: {type(exc).__name__}: {exc}") from None
+
+
 def _in_manifest(base: Path, rel: str) -> str:
     """A manifest path (relative to the manifest's directory) as seen from the working directory."""
     return os.path.normpath(base / rel)
@@ -464,51 +500,66 @@ def _run_line(r: dict) -> str:
     return f"run {r.get('name')}: {r.get('steps')} steps{wall}{rate}, {n} compile{'' if n == 1 else 's'}"
 
 
-def summarize(manifests: list[tuple[Path, dict]], markdown: bool) -> str:
-    if not manifests:
-        return f"[jaxlog] no {manifest.NAME} found (no jaxlog test ran, or the directory is not the jaxlog dir)\n"
+def _manifest_lines(path: Path, doc: dict, markdown: bool) -> tuple[list[str], int]:
     h = "### " if markdown else ""
     code = (lambda s: f"`{s}`") if markdown else (lambda s: str(s))
     item, sub = ("- ", "  - ") if markdown else ("  ", "      ")
     lines: list[str] = []
     traces = 0
+    base = path.parent
+    tests = manifest.tests(doc)
+    bad = [t for t in tests if t.get("outcome") not in _QUIET_OUTCOMES]
+    kept = [t for t in tests if t.get("kept")]
+    lines.append(f"{h}jaxlog: {base}")
+    lines.append(f"{len(tests)} jaxlog tests, {len(bad)} not passed, artifacts kept for {len(kept)} "
+                 f"(keep={manifest.settings(doc).get('keep')}); exit status {doc.get('exitstatus')}")
+    if markdown:
+        lines.append("")
+    shown = sorted({t["nodeid"]: t for t in bad + kept}.values(),
+                   key=lambda t: (t.get("outcome") == "passed", t["nodeid"]))
+    for t in shown:
+        lines.append(f"{item}{str(t.get('outcome', '?')).upper()} {code(t['nodeid'])}")
+        if t.get("error"):
+            lines.append(f"{sub}error: {t['error']}")
+        for v in t.get("violations") or []:
+            msg = v.get("message") if isinstance(v, dict) else str(v)
+            if msg:
+                lines.append(f"{sub}violation: {msg.splitlines()[0]}")
+        for r in t.get("runs") or []:
+            if isinstance(r, dict):
+                lines.append(f"{sub}{_run_line(r)}")
+        for kind, rel in sorted((t.get("artifacts") or {}).items()):
+            if "trace" in kind or "timeline" in kind or str(rel).endswith((".pftrace", ".json.gz")):
+                traces += 1
+            lines.append(f"{sub}{kind}: {code(_in_manifest(base, rel))}")
+    goldens = [(g.get("status"), _in_manifest(base, g.get("path", ""))) for t in tests
+               for g in t.get("goldens") or [] if g.get("status") in ("regenerated", "created")]
+    for status, p in sorted(goldens):
+        lines.append(f"{item}{status} golden: {code(p)}")
+    stale = manifest.stale(doc)
+    if stale:
+        lines.append(f"{item}{len(stale)} artifact directories from an earlier session (stale), e.g. "
+                     f"{code(_in_manifest(base, stale[0].get('dir', '')))}")
+    if markdown:
+        lines.append("")
+    return lines, traces
+
+
+def summarize(manifests: list[tuple[Path, dict]], markdown: bool) -> str:
+    if not manifests:
+        return f"[jaxlog] no {manifest.NAME} found (no jaxlog test ran, or the directory is not the jaxlog dir)\n"
+    code = (lambda s: f"`{s}`") if markdown else (lambda s: str(s))
+    lines: list[str] = []
+    traces = 0
     for path, doc in manifests:
-        base = path.parent
-        tests = manifest.tests(doc)
-        bad = [t for t in tests if t.get("outcome") not in _QUIET_OUTCOMES]
-        kept = [t for t in tests if t.get("kept")]
-        lines.append(f"{h}jaxlog: {base}")
-        lines.append(f"{len(tests)} jaxlog tests, {len(bad)} not passed, artifacts kept for {len(kept)} "
-                     f"(keep={manifest.settings(doc).get('keep')}); exit status {doc.get('exitstatus')}")
-        if markdown:
-            lines.append("")
-        shown = sorted({t["nodeid"]: t for t in bad + kept}.values(),
-                       key=lambda t: (t.get("outcome") == "passed", t["nodeid"]))
-        for t in shown:
-            lines.append(f"{item}{str(t.get('outcome', '?')).upper()} {code(t['nodeid'])}")
-            if t.get("error"):
-                lines.append(f"{sub}error: {t['error']}")
-            for v in t.get("violations") or []:
-                msg = v.get("message") if isinstance(v, dict) else str(v)
-                if msg:
-                    lines.append(f"{sub}violation: {msg.splitlines()[0]}")
-            for r in t.get("runs") or []:
-                if isinstance(r, dict):
-                    lines.append(f"{sub}{_run_line(r)}")
-            for kind, rel in sorted((t.get("artifacts") or {}).items()):
-                if "trace" in kind or "timeline" in kind or str(rel).endswith((".pftrace", ".json.gz")):
-                    traces += 1
-                lines.append(f"{sub}{kind}: {code(_in_manifest(base, rel))}")
-        goldens = [(g.get("status"), _in_manifest(base, g.get("path", ""))) for t in tests
-                   for g in t.get("goldens") or [] if g.get("status") in ("regenerated", "created")]
-        for status, p in sorted(goldens):
-            lines.append(f"{item}{status} golden: {code(p)}")
-        stale = manifest.stale(doc)
-        if stale:
-            lines.append(f"{item}{len(stale)} artifact directories from an earlier session (stale), e.g. "
-                         f"{code(_in_manifest(base, stale[0].get('dir', '')))}")
-        if markdown:
-            lines.append("")
+        try:
+            more, n = _summarize_one(path, doc, markdown)
+        except JaxlogError as exc:
+            msg = str(exc).splitlines()[0][:1000]
+            print(msg if msg.startswith("[jaxlog]") else f"[jaxlog] {msg}", file=sys.stderr)
+            continue
+        lines += more
+        traces += n
     lines.append(f"Inspect a trajectory: {code('python -m pytest_jaxlog info FILE.h5')} "
                  f"(also diff, plot; {code('python -m pytest_jaxlog trace TRACE')} for timings).")
     if traces:

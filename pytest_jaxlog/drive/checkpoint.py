@@ -59,9 +59,24 @@ class CheckpointMeta:
     def decode(cls, raw: np.ndarray, where: str) -> "CheckpointMeta":
         try:
             data = json.loads(bytes(np.asarray(raw, dtype=np.uint8)).decode())
-            return cls(**data)
-        except (ValueError, TypeError, UnicodeDecodeError) as e:
-            raise JaxlogError(f"{where}: the checkpoint's {META} entry is not valid ({e})") from None
+            meta = cls(**data)
+        except (ValueError, TypeError, UnicodeDecodeError, RecursionError) as e:
+            raise JaxlogError(f"{where}: the checkpoint's {META} entry is not valid ({type(e).__name__}: {e})") from None
+        wrong = [f"{name} is {type(getattr(meta, name)).__name__}" for name, kinds in _META_TYPES.items()
+                 if not isinstance(getattr(meta, name), kinds) or isinstance(getattr(meta, name), bool) and
+                 bool not in kinds]
+        if wrong:
+            raise JaxlogError(f"{where}: the checkpoint's {META} entry is not valid ({', '.join(wrong)})")
+        return meta
+
+
+# the JSON types of CheckpointMeta's fields (what a file says is checked before it is used)
+_META_TYPES: dict[str, tuple] = {
+    "step": (int,), "step_fn": (str,), "key": (list, type(None)), "key_impl": (str, type(None)),
+    "invariants": (list,), "active": (list,), "violation": (dict, type(None)), "done": (list, bool, type(None)),
+    "systems_done": (list, type(None)), "state_leaves": (dict,), "treedef": (str,), "x64": (bool,),
+    "schema": (dict,), "dt": (float, int, type(None)),
+}
 
 
 def step_name(step: Any) -> str:
@@ -121,6 +136,7 @@ def prepare(path: str | os.PathLike, from_step: int | None, *, filtered: frozens
     from ..store.trajectory import load
 
     path = Path(path)
+    recover_interrupted(path)
     traj = load(path)
     stored = traj.attachment_steps(NAME)
     if traj.status == "complete" and traj.stop_reason in (None, "steps", "until") and from_step is None:
@@ -144,11 +160,63 @@ def prepare(path: str | os.PathLike, from_step: int | None, *, filtered: frozens
             raise JaxlogError(f"{path} holds no checkpoint to resume from (run with checkpoint=jl.every(n))")
         raise JaxlogError(f"{path}: no checkpoint has all its frames intact, nothing to resume from ({damage})")
     check_consistent(traj, found, filtered=filtered)
-    source = path.with_name(f".{path.name}.resume-{os.getpid()}")
+    source = path.with_name(f".{path.name}{RESUME_MARK}{os.getpid()}")
     if source.exists():
         source.unlink()
     os.link(path, source)
     return Resumable(point=ResumePoint(source=source, step=found.step, meta=found.meta), checkpoint=found)
+
+
+RESUME_MARK = ".resume-"  # the old file's second name during a resume: .<name>.resume-<pid>
+
+
+def interrupted_copies(path: Path) -> list[Path]:
+    """The second names of ``path`` that resumes killed before they ended left (their process is
+    gone), newest first."""
+    from ..store.pathlock import process_alive
+
+    prefix = f".{path.name}{RESUME_MARK}"
+    found = []
+    try:
+        entries = list(os.scandir(path.parent))
+    except OSError:
+        return []
+    for entry in entries:
+        pid = entry.name[len(prefix):] if entry.name.startswith(prefix) else ""
+        if pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid)):
+            try:
+                found.append((entry.stat(follow_symlinks=False).st_mtime_ns, Path(entry.path)))
+            except OSError:
+                pass
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def _resumable(path: Path) -> bool:
+    """Whether ``path`` opens and holds a whole checkpoint (what a resume needs)."""
+    from ..store.trajectory import load
+
+    try:
+        traj = load(path)
+        return any(checkpoint_at(traj, step) is not None for step in reversed(traj.attachment_steps(NAME)))
+    except JaxlogError:
+        return False
+
+
+def recover_interrupted(path: Path) -> None:
+    """Undo what a resume killed mid-way left: its new file may be in place before it holds a
+    checkpoint (an empty ``running`` file), the old trajectory only under its second name. The
+    old file comes back where the new one holds no checkpoint; the second names are removed."""
+    copies = [c for c in interrupted_copies(path) if not c.is_symlink() and c.is_file()]
+    if not copies:
+        return
+    same = [c for c in copies if path.exists() and os.path.samefile(path, c)]
+    if not same and not _resumable(path):
+        for c in copies:
+            if _resumable(c):
+                os.replace(c, path)  # atomic: the path holds one of the two files at every instant
+                break
+    for c in copies:
+        c.unlink(missing_ok=True)
 
 
 def check_consistent(traj: Any, found: Checkpoint, *, filtered: frozenset[str] = frozenset()) -> None:
@@ -266,6 +334,7 @@ def key_record(key: Any) -> tuple[list, str | None]:
 def rebuild_state(flat: dict, impls: dict, like: Any, meta: CheckpointMeta, where: str) -> Any:
     """The checkpoint's state: as ``like``'s pytree when given, else from the stored key paths
     (nested dicts, which is exact for states made of dicts)."""
+    from ..store.dtypes import wrap_key_data
     from ..store.trajectory import _nest, _rebuild
 
     if like is not None:
@@ -273,12 +342,11 @@ def rebuild_state(flat: dict, impls: dict, like: Any, meta: CheckpointMeta, wher
     if not meta.treedef.startswith("PyTreeDef({") or any(c in meta.treedef for c in ("CustomNode", "namedtuple")):
         raise JaxlogError(f"{where}: the state is not a dict of arrays ({meta.treedef[:80]}...): pass like=<a state "
                           "of the kernel's own type>, e.g. the initial state")
-    import jax
 
     out = {}
     for p, v in flat.items():
         impl = impls.get(p)
-        out[p] = jax.random.wrap_key_data(v, impl=impl) if impl else v
+        out[p] = wrap_key_data(v, impl, f"{where}: {p}") if impl else v
     return out.get("state") if "state" in out else _nest(out, "state")
 
 

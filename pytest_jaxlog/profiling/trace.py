@@ -10,11 +10,11 @@ annotation on the ``window steps`` track. Nothing here needs trace_processor (no
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import shutil
 import subprocess
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -258,6 +258,25 @@ def _load_pftrace(data: bytes, path: Path | None) -> Trace:
                  tracks, {k: np.array(v, np.int64) for k, v in counter_steps.items()})
 
 
+MAX_TRACE_BYTES = 1 << 30  # a gzip trace that inflates past this is refused (a bounded read)
+
+
+def _gunzip(raw: bytes, path: Path) -> bytes:
+    """``raw`` decompressed, at most ``MAX_TRACE_BYTES``: a small file can declare (inflate to)
+    any size."""
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = d.decompress(raw, MAX_TRACE_BYTES)
+        if d.unconsumed_tail:
+            raise JaxlogError(f"trace file {path} inflates to over {MAX_TRACE_BYTES} bytes; refused")
+        out += d.flush()
+    except zlib.error as e:
+        raise JaxlogError(f"trace file {path} is not valid gzip: {e}") from None
+    if not d.eof:
+        raise JaxlogError(f"trace file {path} is a truncated gzip file")
+    return out
+
+
 def load_trace(path: str | os.PathLike) -> Trace:
     """Load JAX's ``perfetto_trace.json.gz`` / ``*.trace.json.gz`` (or a profiler log dir) or our ``.pftrace``."""
     path = Path(path)
@@ -270,14 +289,18 @@ def load_trace(path: str | os.PathLike) -> Trace:
         raise JaxlogError(f"trace file {path} does not exist")
     raw = path.read_bytes()
     if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
+        raw = _gunzip(raw, path)
     stripped = raw.lstrip()[:1]
     if stripped in (b"{", b"["):
         try:
             obj = json.loads(raw)
-        except ValueError as e:
-            raise JaxlogError(f"trace file {path} is not valid JSON: {e}") from e
-        return _load_chrome(obj, path)
+        except (ValueError, RecursionError) as e:
+            raise JaxlogError(f"trace file {path} is not valid JSON: {type(e).__name__}: {e}") from None
+        try:
+            return _load_chrome(obj, path)
+        except (TypeError, KeyError, ValueError, AttributeError, IndexError, OverflowError, RecursionError) as e:
+            raise JaxlogError(f"trace file {path}: its events are not Chrome trace events "
+                              f"({type(e).__name__}: {e})") from None
     try:
         return _load_pftrace(raw, path)
     except Exception as e:  # protobuf DecodeError and friends

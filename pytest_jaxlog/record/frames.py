@@ -69,30 +69,37 @@ class Schema:
     leaves: tuple[LeafSpec, ...]
     batched: bool = False
     dt: float | None = None
+    # lookups by path, made once (see __post_init__)
+    _by_path: dict = field(init=False, repr=False, compare=False)
+    _paths: tuple = field(init=False, repr=False, compare=False)
+    _groups: set = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         check_dt(self.dt)
-        seen = set()
+        seen: dict[str, LeafSpec] = {}
         for leaf in self.leaves:
             if leaf.path in seen:
                 raise JaxlogError(f"duplicate record path {leaf.path!r}")
-            seen.add(leaf.path)
+            seen[leaf.path] = leaf
+        # lookups by path in constant time (a part file of a multi-process run holds thousands of leaves)
+        object.__setattr__(self, "_by_path", seen)
+        object.__setattr__(self, "_paths", tuple(seen))
+        object.__setattr__(self, "_groups", {p[:i] for p in seen for i, c in enumerate(p) if c == "/"})
 
     @property
     def paths(self) -> tuple[str, ...]:
-        return tuple(leaf.path for leaf in self.leaves)
+        return self._paths
 
     def __getitem__(self, path: str) -> LeafSpec:
-        for leaf in self.leaves:
-            if leaf.path == path:
-                return leaf
-        raise KeyError(path)
+        return self._by_path[path]
 
     def __contains__(self, path: str) -> bool:
-        return any(leaf.path == path for leaf in self.leaves)
+        return isinstance(path, str) and path in self._by_path
 
     def resolve(self, name: str) -> tuple[str, ...]:
         """Leaf paths named by ``name``: the leaf itself or every leaf under that prefix."""
+        if name in self._by_path and name not in self._groups:
+            return (name,)
         hits = tuple(p for p in self.paths if p == name or p.startswith(name + "/"))
         if not hits:
             raise JaxlogError(f"record {name!r} is not recorded; recorded: {', '.join(self.paths) or '(none)'}")

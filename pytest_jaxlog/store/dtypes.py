@@ -125,3 +125,15 @@ def check_frames(schema: Schema, frames: Frames, last_steps: dict[str, int] | No
                     f"record {path!r}: step {int(steps[0])} written after step {prev} (steps must increase)"
                 )
             last_steps[path] = int(steps[-1])
+
+
+def wrap_key_data(data: np.ndarray, impl: str, where: str) -> Any:
+    """A typed PRNG key array of stored key data; an impl JAX does not know (a damaged or
+    hostile file), or data of the wrong shape or dtype for it, is a ``JaxlogError``."""
+    import jax
+
+    try:
+        return jax.random.wrap_key_data(data, impl=impl)  # type: ignore[arg-type]  # (numpy data is taken)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise JaxlogError(f"{where}: the stored PRNG key data (impl {str(impl)[:80]!r}) cannot be read as keys "
+                          f"({type(exc).__name__}: {str(exc)[:200]})") from None

@@ -131,6 +131,21 @@ def walk_datasets(root: h5py.Group, file: Path, where: str, visit: Callable[[str
     walk(root, "", 0)
 
 
+def _check_contiguous(ds: h5py.Dataset, rows: int, file: Path, where: str) -> None:
+    """Rows ``[0, rows)`` of an unchunked dataset are stored in the file: a dataset declaring
+    more rows than it stores (nothing allocated, say a billion of them) would otherwise read as
+    fill values, an allocation as large as it declares."""
+    row_bytes = int(np.prod(ds.shape[1:], dtype=np.int64)) * ds.dtype.itemsize
+    try:
+        stored = ds.id.get_storage_size()
+        end = ds.file.id.get_filesize()
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise JaxlogError(f"{file}: cannot read the storage of {where} ({exc})") from None
+    if stored < rows * row_bytes or stored > end:
+        raise JaxlogError(f"{file}: {where} declares {rows} frames ({rows * row_bytes} bytes) but stores "
+                          f"{stored} bytes in a file of {end}; the file is damaged")
+
+
 def check_chunks(ds: h5py.Dataset, rows: int, file: Path, where: str) -> None:
     """The chunk index of ``ds`` agrees with its shape for rows ``[0, rows)``: each chunk there is
     present once, on the chunk grid, with all its filters applied.
@@ -140,7 +155,10 @@ def check_chunks(ds: h5py.Dataset, rows: int, file: Path, where: str) -> None:
     verified and compressed bytes come back as values) or move a chunk to another position."""
     chunks = ds.chunks
     shape = ds.shape
-    if chunks is None or rows <= 0 or 0 in shape[1:]:
+    if rows <= 0 or 0 in shape[1:]:
+        return
+    if chunks is None:
+        _check_contiguous(ds, rows, file, where)
         return
     found: list = []
     try:

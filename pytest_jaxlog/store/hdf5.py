@@ -54,7 +54,7 @@ from ..record.numbers import is_integer
 from .bytequeue import ByteQueue, Item, Stalled
 from .format import CRC_ATTR, CRC_COVERS, LIBVER, attr_text, json_crc32, json_text
 from .dtypes import DTYPE_ATTR, KEY_IMPL_ATTR, check_frames, check_leaf_dtype, encode, storage_dtype, to_host
-from .pathlock import PathLock
+from .pathlock import PathLock, process_alive
 from .sink import STATUSES, Sink
 from .space import NoSpace, SpaceReserve, superblock_end, trim
 
@@ -77,6 +77,7 @@ _LAYOUT_BYTES = 12 << 10  # per leaf at creation (group, datasets, object header
 # new space in the file (a disk that is full still takes the final status)
 _FIXED_ATTRS = {"status": 16, "steps_done": 24, "writer_error": 2048}
 _LIVE: "weakref.WeakSet[HDF5Writer]" = weakref.WeakSet()
+_STUCK: "set[HDF5Writer]" = set()  # writers whose thread stalled (kept: the thread may still hold h5py's lock)
 _EMPTY_STEPS = np.zeros(0, dtype=np.int64)
 
 
@@ -560,6 +561,7 @@ class HDF5Writer(Sink):
         self._stalled = True
         waited = f"{waited_s:.0f} s" if waited_s is not None else f"over {self.stall_timeout_s:.0f} s"
         _LIVE.discard(self)  # the exit hook must not wait on it again
+        _STUCK.add(self)
         pending = self._queue.bytes
         raise WriterError(
             f"{what} {self.path}: the writer thread has written nothing for {waited} (a hung disk or "
@@ -584,8 +586,11 @@ class HDF5Writer(Sink):
             return
         for entry in entries:
             name = entry.name
+            resumed = name[len(prefix) + len("resume-"):] if name.startswith(prefix + "resume-") else ""
             if name.startswith(prefix) and name.endswith(TMP_SUFFIX) and \
-                    _TMP_MIDDLE.fullmatch(name[len(prefix):-len(TMP_SUFFIX)]):
+                    _TMP_MIDDLE.fullmatch(name[len(prefix):-len(TMP_SUFFIX)]) or \
+                    resumed.isdigit() and int(resumed) != os.getpid() and not process_alive(int(resumed)):
+                # (the second name of the file a resume killed mid-way was replacing: this run replaces it too)
                 try:
                     os.unlink(entry.path)
                 except OSError:
@@ -628,6 +633,7 @@ class HDF5Writer(Sink):
             self._flushed_end = f.id.get_filesize()
             if self._flushed_end > self._space.reserved:
                 self.stats["reserve_misses"] += 1
+            self._space.forget()
             os.replace(tmp, self.path)
             self._file, self._state = f, "open"
         except BaseException as exc:
@@ -930,6 +936,7 @@ class HDF5Writer(Sink):
         bound = self._flushed_end + self._unflushed + _SLACK
         self._set_fixed("steps_done", max(self._written_step, 0))
         f.flush()
+        self._space.forget()
         self._check_end(bound)
         self._flushed_end = self._file_end()
         self._unflushed = 0
@@ -999,9 +1006,51 @@ class HDF5Writer(Sink):
 
 @atexit.register
 def _close_abandoned() -> None:
-    """A writer the caller never closed still leaves a valid file (status ``failed``)."""
+    """A writer the caller never closed still leaves a valid file (status ``failed``); a writer
+    thread stuck in a write (a hung disk) is abandoned, see ``_exit_past_stuck_writers``."""
     for writer in list(_LIVE):
         try:
             writer.close("failed")
         except BaseException:  # noqa: BLE001  (exit path: the error was the caller's to see)
             pass
+    _exit_past_stuck_writers()
+
+
+def _h5py_lock_free(tries: int = 20) -> bool:
+    """Whether h5py's global lock can be taken (a live thread holds it only briefly)."""
+    try:
+        from h5py._objects import phil
+    except ImportError:  # an h5py without it: nothing to tell, exit as usual
+        return True
+    for _ in range(tries):
+        if phil.acquire(False):
+            phil.release()
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def _exit_past_stuck_writers() -> None:
+    """A thread stuck inside an HDF5 call holds h5py's global lock forever, and the interpreter's
+    shutdown frees h5py objects, which takes that lock: the process would never exit. So when a
+    stalled writer thread is still alive at exit and h5py's lock stays taken, the process ends
+    here, status 1, after flushing the standard streams and logging (exit handlers registered
+    before this module's import and the interpreter's own teardown are skipped). A stalled thread
+    stuck outside h5py leaves the lock free: the process then exits as it would."""
+    stuck = [w for w in _STUCK if w._thread is not None and w._thread.is_alive()]
+    if not stuck or _h5py_lock_free():
+        return
+    import logging
+    import sys
+
+    names = ", ".join(str(w.path) for w in stuck)
+    try:
+        print(f"[jaxlog] exiting with status 1 without waiting for the writer thread of {names}, stuck in a "
+              f"write (a hung disk or file system?); its file keeps status 'running' and the frames flushed "
+              f"before", file=sys.stderr)
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+    except BaseException:  # noqa: BLE001  (the exit must happen whatever the streams do)
+        pass
+    os._exit(1)

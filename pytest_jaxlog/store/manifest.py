@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -42,9 +43,22 @@ def write(directory: Path, doc: dict[str, Any]) -> Path:
     """``doc`` as ``directory/manifest.json``, written beside it and renamed over it: a reader
     sees the old manifest or the new one, never half of one."""
     path = Path(directory) / NAME
-    tmp = path.with_name(f".manifest-{os.getpid()}.json")
-    tmp.write_text(json.dumps(doc, indent=1, default=str))
-    os.replace(tmp, path)
+    text = json.dumps(doc, indent=1, default=str).encode()
+    for attempt in range(8):  # a new file of our own: never written through a link planted at a name
+        tmp = path.with_name(f".manifest-{os.getpid()}-{secrets.token_hex(4)}.json")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+            break
+        except FileExistsError:
+            if attempt == 7:
+                raise JaxlogError(f"cannot write {path}: every temporary name tried beside it is taken") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 
@@ -53,8 +67,8 @@ def read(path: Path) -> dict[str, Any]:
     message is the cause (the caller says which file)."""
     try:
         doc = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise JaxlogError(str(exc)) from None
+    except (OSError, ValueError, RecursionError) as exc:
+        raise JaxlogError(f"{type(exc).__name__}: {exc}" if isinstance(exc, RecursionError) else str(exc)) from None
     if not isinstance(doc, dict):
         raise JaxlogError("not a JSON object")
     return doc

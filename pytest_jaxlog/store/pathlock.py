@@ -17,6 +17,7 @@ import datetime
 import errno
 import os
 import socket
+import stat
 import sys
 from pathlib import Path
 
@@ -33,6 +34,17 @@ _ATTEMPTS = 32  # a lock file replaced between our open and our lock, this many 
 
 def lock_path(target: Path) -> Path:
     return target.with_name(f".{target.name}{LOCK_SUFFIX}")
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (on this host): names that carry a pid are stale once it is gone."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's process: alive
+    return True
 
 
 def _holder_text() -> str:
@@ -58,7 +70,9 @@ class PathLock:
         if fcntl is None or self._fd is not None:
             return
         for _ in range(_ATTEMPTS):
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            fd = self._open()
+            if fd is None:  # something else was planted at the lock's name, now removed: again
+                continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
@@ -74,7 +88,7 @@ class PathLock:
                     f"one path takes one writer at a time: give each run its own path"
                 ) from None
             try:
-                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+                same = os.path.samestat(os.fstat(fd), os.lstat(self.path))
             except FileNotFoundError:
                 same = False
             if not same:  # the previous holder removed the file we locked: lock the current one
@@ -88,6 +102,28 @@ class PathLock:
             self._fd = fd
             return
         raise WriterError(f"cannot lock {self.target} for writing: {self.path} keeps being replaced")
+
+    def _open(self) -> int | None:
+        """The lock file, opened without following a link and checked to be a regular file of
+        one name: written into, a symbolic or hard link planted at the lock's name would overwrite
+        whatever it names. Such a link is removed (the name only, never what it points to) and
+        None returned; anything else that is not a regular file is refused."""
+        flags = os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(self.path, flags, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP and os.path.islink(self.path):
+                self._unlink()
+                return None
+            raise WriterError(f"cannot lock {self.target} for writing: {self.path}: {exc.strerror}") from None
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+            return fd
+        os.close(fd)
+        if stat.S_ISREG(st.st_mode):  # a hard link to some other file
+            self._unlink()
+            return None
+        raise WriterError(f"cannot lock {self.target} for writing: {self.path} is not a regular file; remove it")
 
     def release(self) -> None:
         fd, self._fd = self._fd, None

@@ -28,7 +28,7 @@ from ..record.records import WHEN, is_record_path, leaf_paths
 from ..record.numbers import is_dt, is_integer
 from ..record.schedule import schedule_from_json
 from . import h5safe
-from .dtypes import DTYPE_ATTR, KEY_IMPL_ATTR, check_leaf_dtype, decode, storage_dtype
+from .dtypes import DTYPE_ATTR, KEY_IMPL_ATTR, check_leaf_dtype, decode, storage_dtype, wrap_key_data
 from .format import CRC_ATTR, json_crc32
 from .hdf5 import HDF5Writer
 from .parts import PartIndex, invalid_index, read_blocks, read_index
@@ -173,7 +173,7 @@ def _rebuild(flat: dict[str, np.ndarray], impls: dict[str, str], like: Any, *, w
         value = flat[path]
         impl = impls.get(path.removeprefix("state/")) or impls.get(path)
         if impl is not None:
-            value = jax.random.wrap_key_data(value, impl=impl)
+            value = wrap_key_data(value, impl, f"{where}: {path}")
         want, got = getattr(like_leaf, "shape", None), tuple(value.shape)[1 if frames else 0:]
         if want is not None and got != tuple(want):
             raise JaxlogError(f"{where}: leaf {path} has {'frames of ' if frames else ''}shape {got}, like= has "
@@ -412,9 +412,7 @@ class Trajectory:
         impl = self.key_impl(name)
         if impl is None:
             raise JaxlogError(f"record {name!r} is not a PRNG key record")
-        import jax
-
-        return jax.random.wrap_key_data(self._values(name, index), impl=impl)
+        return wrap_key_data(self._values(name, index), impl, f"{self.path or 'trajectory'}: record {name!r}")
 
     def _values(self, path: str, index: Any) -> np.ndarray:
         if self._frames is not None:
