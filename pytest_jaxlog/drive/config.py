@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import jax
 import jax.numpy as jnp
 
 from ..check.invariants import as_list, check_on_violation
@@ -79,9 +81,33 @@ def configure(step: Callable, state: Any, steps: int, *, record: Any, invariants
     if log_capacity is not None:
         log_capacity = check_count(log_capacity, "log_capacity", minimum=1, none="or None")
     return RunConfig(step=step, steps=steps, start_step=start_step, lanes=lanes_of(record, bool(has_aux), aux),
-                     invariants=as_list(invariants), sinks=sinks, key=None if key is None else jnp.asarray(key), dt=dt,
+                     invariants=as_list(invariants), sinks=sinks, key=None if key is None else as_key(key), dt=dt,
                      chunk=chunk, profile=profile, has_aux=bool(has_aux), batched=batched, until=until,
                      on_violation=check_on_violation(on_violation), postmortem=int(postmortem), progress=progress,
                      budget=int(chunk_budget_bytes), timeline=timeline, donate=bool(donate),
                      logs=log_schedules(logs), log_capacity=log_capacity,
                      checkpoint=None if checkpoint is None else as_schedule(checkpoint, "checkpoint="), resume=resume)
+
+
+def as_key(key: Any) -> Any:
+    """``key=`` as a key array: a typed key (``jax.random.key``) or raw key data
+    (``jax.random.PRNGKey``: uint32, trailing axis the default impl's); anything else is one
+    JaxlogError saying what a key is, not JAX's error from deep inside the first trace."""
+    try:
+        arr = jnp.asarray(key)
+    except (TypeError, ValueError) as e:
+        raise JaxlogError(f"key= must be a PRNG key (jax.random.key(seed)), got {type(key).__name__} "
+                          f"{key!r:.60} ({e})") from None
+    if jax.dtypes.issubdtype(arr.dtype, jax.dtypes.prng_key):
+        return arr
+    width = _raw_key_width()
+    if arr.dtype != jnp.uint32 or arr.ndim < 1 or arr.shape[-1] != width:
+        raise JaxlogError(f"key= must be a PRNG key: a typed key (jax.random.key(seed)) or raw key data "
+                          f"(jax.random.PRNGKey(seed): uint32[..., {width}]), got {arr.dtype}{list(arr.shape)}")
+    return arr
+
+
+@functools.cache
+def _raw_key_width() -> int:
+    return int(jax.random.key_data(jax.random.key(0)).shape[-1])
+
