@@ -33,3 +33,16 @@ def no_jaxlog_env(monkeypatch):
     JAXLOG_KEEP). Autouse in every module that imports it."""
     for name in [k for k in os.environ if k.startswith("JAXLOG_")]:
         monkeypatch.delenv(name)
+
+
+def fresh_programs() -> None:
+    """Forget every program this process compiled (JAX's caches and the driver's): an in-process
+    inner session that counts compilations then sees what a fresh process would, whatever
+    equal kernels earlier inner sessions of this worker ran (jl.run reuses equal programs)."""
+    import jax
+
+    from pytest_jaxlog.drive.memo import clear_caches
+
+    clear_caches()
+    jax.clear_caches()
+

@@ -15,7 +15,7 @@ import pytest_jaxlog as jl
 for _name in jl.__all__:  # every jaxlog module loaded now, so classes stay the same objects across inline runs
     getattr(jl, _name)
 
-from plugin_helpers import KERNEL, no_jaxlog_env  # noqa: E402,F401  (no_jaxlog_env: an autouse fixture)
+from plugin_helpers import KERNEL, fresh_programs, no_jaxlog_env  # noqa: E402,F401  (no_jaxlog_env: an autouse fixture)
 
 pytest_plugins = ["pytester"]
 
@@ -57,6 +57,7 @@ def test_not_jaxlog(broken):
 
 
 def test_manifest_paths_setup_errors_and_run_timings(pytester):
+    fresh_programs()  # the compile counts below are a fresh process's
     pytester.makepyfile(test_m=SUITE)
     result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly", "--jaxlog-keep=all",
                                 "--jaxlog-create-goldens", "--jaxlog-dir=out/jaxlog")

@@ -19,7 +19,7 @@ import pytest_jaxlog as jl
 for _name in jl.__all__:
     getattr(jl, _name)
 
-from plugin_helpers import KERNEL, no_jaxlog_env  # noqa: E402,F401  (no_jaxlog_env: an autouse fixture)
+from plugin_helpers import KERNEL, fresh_programs, no_jaxlog_env  # noqa: E402,F401  (no_jaxlog_env: an autouse fixture)
 
 pytest_plugins = ["pytester"]
 
@@ -98,6 +98,7 @@ def _props(xml_path):
 
 
 def test_fixture_runs_violations_sections_and_junit(pytester):
+    fresh_programs()  # the compile counts below are a fresh process's
     pytester.makepyfile(test_suite=SUITE)
     result = pytester.runpytest("--junitxml=out.xml", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=4, failed=1, errors=1)

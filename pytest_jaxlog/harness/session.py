@@ -66,6 +66,7 @@ class RunNote:
     status: str | None = None
     stop_reason: str | None = None  # jl.run: until | steps | violation | interrupted
     from_cache: int = 0  # of the compiles, loaded from JAX's persistent compilation cache
+    reused: int = 0  # programs the run ran that this process had compiled before (an equal kernel's)
 
     def line(self) -> str:
         rate = "" if self.steps_per_s is None else f", {self.steps_per_s:.4g} steps/s"
@@ -73,8 +74,9 @@ class RunNote:
         status = f" ({self.status}{why})" if self.status else ""
         plural = "" if self.compiles == 1 else "s"
         cached = f", {self.from_cache} from the compile cache" if self.from_cache else ""
+        reused = f", {self.reused} reused" if self.reused else ""
         return (f"{self.name}: {self.steps} steps in {self.wall_s:.3g} s{rate}, {self.compiles} compile{plural}"
-                f"{cached}{status}")
+                f"{cached}{reused}{status}")
 
 
 @dataclass
@@ -159,6 +161,7 @@ class TestState:
             status=status if isinstance(status, str) else None,
             stop_reason=reason if isinstance(reason, str) else None,
             from_cache=int(getattr(t, "from_cache", 0) or 0),
+            reused=int(getattr(t, "reused", 0) or 0),
         ))
 
     def drop_example(self, d: Path) -> None:
