@@ -136,6 +136,7 @@ class Plan:
     row_buffers: tuple[tuple[str, tuple[str, ...]], ...] = ()
     collect: bool = False  # the step calls jl.log: run it under the collector
     log_capacity: int | None = None  # capacity of logs inside while loops that give none
+    _hash: int = dataclasses.field(init=False, repr=False, compare=False)  # see __post_init__
 
     def __post_init__(self):  # jit hashes its static argument on every call: hash the lanes once
         object.__setattr__(self, "_hash", hash(tuple(getattr(self, f) for f in _PLAN_FIELDS)))
@@ -151,7 +152,7 @@ class Plan:
         return all(getattr(self, f) == getattr(other, f) for f in _PLAN_FIELDS)
 
 
-_PLAN_FIELDS = tuple(f.name for f in dataclasses.fields(Plan))  # what hashes and compares a plan: every field
+_PLAN_FIELDS = tuple(f.name for f in dataclasses.fields(Plan) if f.compare)  # what hashes and compares a plan
 
 
 _PLANS = Cache("plans", keep=256)  # a bound: plans of kernels no longer run may go
@@ -190,7 +191,8 @@ def row_buffers(shapes: list[dict], pack: bool) -> tuple[tuple[str, tuple[str, .
     update as a kernel of its own (milliseconds each), and a device runs each as one. Other leaves, and
     every leaf without ``pack`` (a sharded state, whose records are laid out as XLA places
     them), get a buffer of their own, keyed by their path."""
-    out, scalars = [], {}
+    out: list = []
+    scalars: dict = {}
     for lane in shapes:
         for path, sd in lane.items():
             if pack and tuple(sd.shape) == () and not jax.dtypes.issubdtype(sd.dtype, jax.dtypes.extended):
@@ -609,7 +611,7 @@ class _ChunkLoop:
     def next_bound(self, j):
         """The loop index of the next state after ``k0 + j`` some compact lane is scheduled at
         (``nexts`` give int32 max for none), or ``n`` (the chunk's end)."""
-        bound = self.n
+        bound: Any = self.n
         for f in self.nexts:
             bound = jnp.minimum(bound, f(self.k0 + j) - self.k0)  # no overflow: k0 >= 0
         return bound

@@ -268,11 +268,11 @@ class Recorder:
         """Say once that this thread traced ``jl.log`` calls nothing collected since the recorder
         started (a step jitted as it is): their values are lost."""
         lost = unheard()
-        if lost.count <= self._unheard_before:
+        if lost.calls <= self._unheard_before:
             return
         self._warned = True
         warnings.warn(JaxlogRuntimeWarning(
-            f"[jaxlog] Recorder: jl.log was called {lost.count - self._unheard_before} time(s) while nothing "
+            f"[jaxlog] Recorder: jl.log was called {lost.calls - self._unheard_before} time(s) while nothing "
             f"collected it (the latest: log {lost.name!r} at {lost.where}), so those values are not recorded. "
             f"To record them, spool the step and hand its logs over: `state, logs = jl.spool(step)(state); "
             f"rec.log(state, k, logs=logs)` (recorded as 'log/<name>'), or log them inside a record's view"),

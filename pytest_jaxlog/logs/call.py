@@ -50,7 +50,7 @@ def probing() -> Iterator[None]:
 class Unheard(NamedTuple):
     """``jl.log`` calls this thread made while nothing collected them, and the latest one."""
 
-    count: int
+    calls: int
     name: str | None
     where: str | None
 
@@ -61,7 +61,7 @@ def unheard() -> Unheard:
 
 
 def unheard_count() -> int:
-    """``unheard().count``, cheap enough for every ``Recorder.log``."""
+    """``unheard().calls``, cheap enough for every ``Recorder.log``."""
     return getattr(_CALLS, "unheard", 0)
 
 

@@ -49,7 +49,7 @@ def tracer_trace(x: Any) -> Any:
 def enclosing_traces(limit: int = 64) -> list:
     """The traces active where this is called, innermost first."""
     with jex_core.take_current_trace() as current:
-        live = []
+        live: list = []
         t = current
         while t is not None and len(live) < limit:
             live.append(t)
