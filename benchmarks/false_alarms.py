@@ -24,15 +24,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SESSION = """
 import json, sys
 import pytest_jaxlog as jl
-from examples.kernels.lj import make_lj
+from examples.kernels.lj import make_lj, repeated
 
 def calls(k):
     step, state, _ = make_lj(4)
-    def many(s):
-        for _ in range(k):
-            s = step(s)
-        return s
-    return many, state
+    return repeated(step, k), state
 
 k, steps, than, options = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), json.loads(sys.argv[4])
 kernel, state = calls(k)

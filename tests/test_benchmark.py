@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import pytest_jaxlog as jl
-from examples.kernels.lj import make_lj
+from examples.kernels.lj import make_lj, repeated
 from plugin_helpers import no_jaxlog_env  # noqa: F401  (no_jaxlog_env: an autouse fixture)
 from pytest_jaxlog.profiling.stats import median, median_interval, min_repeats
 
@@ -63,12 +63,7 @@ def test_order_statistic_intervals_and_their_limits():
 
 def _steps_per_call(n):
     step, state, _ = make_lj(4)
-
-    def many(s):
-        for _ in range(n):
-            s = step(s)
-        return s
-    return many, state
+    return repeated(step, n), state
 
 
 def test_five_times_the_work_is_slower_and_the_same_work_is_not():

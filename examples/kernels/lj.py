@@ -68,3 +68,14 @@ def make_lj(n_side: int = 4, density: float = 0.8, temperature: float = 1.0, dt:
         return {"total": u + k, "kinetic": k, "potential": u}
 
     return step, state, energies
+
+
+def repeated(step, times: int):
+    """``step`` applied ``times`` times per call: the same kernel with a known multiple of the
+    work (what a performance check must tell apart from the original)."""
+    def many(state):
+        for _ in range(times):
+            state = step(state)
+        return state
+    return many
+
