@@ -169,3 +169,47 @@ def test_counter_series_keep_record_order_when_their_intervals_overlap(tmp_path)
     assert list(vals) == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
     assert np.all(np.diff(ts) > 0) and round(ts[-4] * 1e9) == 400  # squeezed, not shifted: no drift
     assert list(back.counters["f"][1]) == [9.0]
+
+
+@given(samples=st.lists(st.tuples(st.integers(0, 2**63 - 1), st.floats(), st.integers(-1, 2**62)), max_size=20),
+       uuid=st.integers(1, 2**62))
+@settings(max_examples=200, deadline=None)
+def test_counter_packets_parse_as_protobuf_builds_them(samples, uuid):
+    """Counter samples are laid out without protobuf objects (fast); parsed, they must be exactly
+    the packets protobuf builds, in order, NaN and infinities included."""
+    from pytest_jaxlog.profiling.timeline import _counter_packets
+
+    ts = np.array([t for t, _, _ in samples], np.int64)
+    values = np.array([v for _, v, _ in samples], np.float64)
+    steps = np.array([k for _, _, k in samples], np.int64)
+    got = pb.Trace.FromString(_counter_packets(uuid, ts, values, steps)).packet
+    assert len(got) == len(samples)
+    for packet, (t, v, k) in zip(got, samples):
+        want = pb.TracePacket(timestamp=t, trusted_packet_sequence_id=1)
+        te = want.track_event
+        te.type = pb.TrackEvent.TYPE_COUNTER
+        te.track_uuid = uuid
+        te.double_counter_value = v
+        if k >= 0:
+            ann = te.debug_annotations.add()
+            ann.name = "step"
+            ann.int_value = k
+        if v != v:  # NaN: compare the rest, and that the value is NaN
+            assert packet.track_event.double_counter_value != packet.track_event.double_counter_value
+            packet.track_event.double_counter_value = te.double_counter_value = 0.0
+        assert packet == want
+
+
+def test_a_thousand_step_counter_is_read_back_whole(tmp_path):
+    """The directly encoded counter packets, interleaved with protobuf-built ones, read back as
+    the samples given, each with its step, and slices still nest."""
+    tl = Timeline()
+    tl.slice("dispatch", "chunk", 0, 2_000_000, {"steps": 1000})
+    steps = np.arange(1001)
+    tl.counter_series("energy", 1_000 + steps * 1_000, np.cos(steps / 50.0), steps=steps)
+    path = tl.write(tmp_path / "run.pftrace")
+    tr = load_trace(path)
+    ts, values = tr.counters["energy"]
+    np.testing.assert_array_equal(values, np.cos(steps / 50.0))
+    np.testing.assert_array_equal(tr.counter_steps["energy"], steps)
+    assert [s.name for s in tr.slices(track="dispatch")] == ["chunk"]

@@ -1,9 +1,9 @@
 """Timeline: a thread-safe collector of a run's events, written as one Perfetto protobuf trace.
 
 The driver, the writer thread and the invariant checker add slices/instants/counters while the
-run goes; ``write(path)`` turns them into a ``.pftrace`` (built with the ``perfetto`` package's
-``TraceProtoBuilder``) that opens in ui.perfetto.dev: one track per named track (``dispatch``,
-``host``, ``writer``, ``compile``, ``window steps``, ``invariants``...), slices as
+run goes; ``write(path)`` turns them into a ``.pftrace`` (the ``perfetto`` package's protobuf
+messages; counter samples encoded directly) that opens in ui.perfetto.dev: one track per named
+track (``dispatch``, ``host``, ``writer``, ``compile``, ``window steps``, ``invariants``...), slices as
 ``TYPE_SLICE_BEGIN``/``TYPE_SLICE_END`` pairs, instants for violations, and one counter track per
 scalar record. Times are ``time.perf_counter_ns()`` nanoseconds.
 
@@ -94,6 +94,66 @@ def _annotate(ann: Any, key: str, value: Any) -> None:
         ann.double_value = float(value)
     else:
         ann.string_value = str(value)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _wide_varints(x: np.ndarray) -> np.ndarray:
+    """Non-negative integers as varints of one width, one row each (the width the largest
+    needs): protobuf readers accept a varint padded with continuation bytes, and a fixed width
+    lets a whole track be laid out at once."""
+    x = np.asarray(x, np.int64).astype(np.uint64)
+    width = max(1, -(-int(x.max(initial=0)).bit_length() // 7))
+    out = ((x[:, None] >> (np.arange(width, dtype=np.uint64) * np.uint64(7))) & np.uint64(0x7F)).astype(np.uint8)
+    out[:, :width - 1] |= 0x80
+    return out
+
+
+def _bytes_column(data: bytes, n: int) -> np.ndarray:
+    return np.broadcast_to(np.frombuffer(data, np.uint8), (n, len(data)))
+
+
+# Counter samples are most of a long run's packets; through protobuf objects each cost ~10 us
+# (~10 ms for a 1,000-step test's energy), laid out with numpy a whole track costs about one.
+# perfetto's field numbers: Trace.packet 1; TracePacket.timestamp 8, .trusted_packet_sequence_id
+# 10, .track_event 11; TrackEvent.debug_annotations 4, .type 9 (TYPE_COUNTER = 4), .track_uuid 11,
+# .double_counter_value 44; DebugAnnotation.int_value 4, .name 10 (tests/test_perfetto.py parses
+# the result with protobuf).
+def _counter_packets(track_uuid: int, ts_ns: np.ndarray, values: np.ndarray, steps: np.ndarray) -> bytes:
+    """One counter track's samples as serialized ``Trace.packet`` fields, in order; each sample
+    with a known step (>= 0) carries it as its ``step`` annotation."""
+    n = len(values)
+    if n == 0:
+        return b""
+    steps = np.asarray(steps, np.int64)
+    known = steps >= 0
+    if not known.all() and known.any():  # rows of one layout each: those with a step, those without
+        return b"".join(_counter_packets(track_uuid, ts_ns[i:i + 1], values[i:i + 1], steps[i:i + 1]) for i in range(n))
+    ts, uuid = _wide_varints(ts_ns), _wide_varints(np.full(n, track_uuid))
+    columns = [_bytes_column(b"\x48\x04\x58", n), uuid,  # type COUNTER, track_uuid
+               _bytes_column(b"\xe1\x02", n), np.asarray(values, "<f8").view(np.uint8).reshape(n, 8)]  # the value
+    if known.all():  # debug_annotations: int_value (the step), name "step"
+        step = _wide_varints(steps)
+        columns = [_bytes_column(b"\x22" + bytes([1 + step.shape[1] + 6]) + b"\x20", n), step,
+                   _bytes_column(b"\x52\x04step", n), *columns]
+    event_len = sum(c.shape[1] for c in columns)  # at most 42 and the packet 57: one-byte lengths
+    packet_len = 1 + ts.shape[1] + 2 + 2 + event_len
+    rows = np.hstack([_bytes_column(bytes([0x0A, packet_len, 0x40]), n), ts,  # Trace.packet, length, timestamp
+                      _bytes_column(b"\x50" + _varint(_SEQ_ID) + bytes([0x5A, event_len]), n),  # sequence, track_event
+                      *columns])
+    return rows.tobytes()
 
 
 @dataclass
@@ -260,9 +320,16 @@ class Timeline:
 
     # -- writing ------------------------------------------------------------------------------
     def to_proto(self) -> Any:
-        """The trace as a ``perfetto_trace_pb2.Trace`` message."""
+        """The trace as a ``perfetto_trace_pb2.Trace`` message (``to_bytes`` parsed)."""
         from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
-        from perfetto.trace_builder.proto_builder import TraceProtoBuilder
+
+        return pb.Trace.FromString(self.to_bytes())
+
+    def to_bytes(self) -> bytes:
+        """The serialized ``.pftrace``: a ``Trace`` message is its packets, each a length-delimited
+        field 1, so packets are serialized one by one and joined; counter tracks are laid out
+        whole (``_counter_packets``)."""
+        from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
         with self._lock:
             tracks = list(self._ev.tracks)
@@ -276,42 +343,41 @@ class Timeline:
             tracks.append(NOTES_TRACK)
         instants += notes
 
-        builder = TraceProtoBuilder()
-        pid = os.getpid()
+        head: list[bytes] = []
         uuids = iter(range(1000, 1 << 62))
         process_uuid = next(uuids)
 
         def descriptor(uuid: int, name: str | None = None, parent: int | None = None) -> Any:
-            packet = builder.add_packet()
-            packet.trusted_packet_sequence_id = _SEQ_ID
+            packet = pb.TracePacket(trusted_packet_sequence_id=_SEQ_ID)
             desc = packet.track_descriptor
             desc.uuid = uuid
             if parent is not None:
                 desc.parent_uuid = parent
             if name is not None:
                 desc.name = name
-            return desc
+            return packet, desc
 
-        first = builder.add_packet()
-        first.trusted_packet_sequence_id = _SEQ_ID
+        first, _ = descriptor(process_uuid)
         first.sequence_flags = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
-        first.track_descriptor.uuid = process_uuid
-        first.track_descriptor.process.pid = pid
+        first.track_descriptor.process.pid = os.getpid()
         first.track_descriptor.process.process_name = self.name
+        head.append(first.SerializeToString())
 
         track_uuid: dict[str, int] = {}
         for i, name in enumerate(tracks):
             track_uuid[name] = next(uuids)
-            d = descriptor(track_uuid[name], name, process_uuid)
+            packet, d = descriptor(track_uuid[name], name, process_uuid)
             d.sibling_order_rank = i
+            head.append(packet.SerializeToString())
         counter_uuid: dict[str, int] = {}
         for c in counters:
             if c.name not in counter_uuid:
                 counter_uuid[c.name] = next(uuids)
-                d = descriptor(counter_uuid[c.name], c.name, process_uuid)
+                packet, d = descriptor(counter_uuid[c.name], c.name, process_uuid)
                 d.counter.SetInParent()
                 if c.unit:
                     d.counter.unit_name = c.unit
+                head.append(packet.SerializeToString())
 
         # Per track, slices become properly nested BEGIN/END pairs (a stack walk over slices
         # sorted by start, longest first); a slice that overlaps without nesting goes to a
@@ -326,7 +392,7 @@ class Timeline:
             track, group = pending.pop(0)
             if track not in track_uuid:
                 track_uuid[track] = next(uuids)
-                descriptor(track_uuid[track], track, process_uuid)
+                head.append(descriptor(track_uuid[track], track, process_uuid)[0].SerializeToString())
             group.sort(key=lambda s: (s.start_ns, -(s.end_ns - s.start_ns)))
             stack: list[_Slice] = []
             spill: list[_Slice] = []
@@ -344,15 +410,11 @@ class Timeline:
                 pending.append((spill[0].track, spill))
         for ins in instants:
             events.append((ins.ts_ns, ("I", ins)))
-        for counter in counter_tracks:
-            for t, v, k in zip(counter.ts_ns.tolist(), counter.values.tolist(), counter.steps.tolist()):
-                events.append((int(t), ("C", (counter.name, v, k))))
         events.sort(key=lambda e: e[0])
 
+        body: list[bytes] = []
         for ts, (kind, obj) in events:
-            packet = builder.add_packet()
-            packet.timestamp = ts
-            packet.trusted_packet_sequence_id = _SEQ_ID
+            packet = pb.TracePacket(timestamp=ts, trusted_packet_sequence_id=_SEQ_ID)
             te = packet.track_event
             if kind in ("B", "I"):  # a slice begin or an instant: named, on a track, with args
                 te.type = pb.TrackEvent.TYPE_SLICE_BEGIN if kind == "B" else pb.TrackEvent.TYPE_INSTANT
@@ -360,23 +422,19 @@ class Timeline:
                 te.name = obj.name
                 for k, v in (obj.args or {}).items():
                     _annotate(te.debug_annotations.add(), k, v)
-            elif kind == "E":
+            else:
                 te.type = pb.TrackEvent.TYPE_SLICE_END
                 te.track_uuid = track_uuid[obj]
-            else:
-                name, value, step = obj
-                te.type = pb.TrackEvent.TYPE_COUNTER
-                te.track_uuid = counter_uuid[name]
-                te.double_counter_value = float(value)
-                if step >= 0:
-                    _annotate(te.debug_annotations.add(), "step", step)
-        return builder.trace
+            body.append(packet.SerializeToString())
+        # each counter track's samples after the slices, in time order (readers sort by time)
+        counter_packets = [_counter_packets(counter_uuid[c.name], c.ts_ns, c.values, c.steps) for c in counter_tracks]
+        return b"".join([*(_field(1, p) for p in head + body), *counter_packets])
 
     def write(self, path: str | os.PathLike) -> Path:
         """Write the ``.pftrace`` (atomically: a temp file renamed into place) and return its path."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        data = self.to_proto().SerializeToString()
+        data = self.to_bytes()
         tmp = path.with_name(path.name + f".tmp{os.getpid()}")
         tmp.write_bytes(data)
         os.replace(tmp, path)
