@@ -213,3 +213,43 @@ def test_a_thousand_step_counter_is_read_back_whole(tmp_path):
     np.testing.assert_array_equal(values, np.cos(steps / 50.0))
     np.testing.assert_array_equal(tr.counter_steps["energy"], steps)
     assert [s.name for s in tr.slices(track="dispatch")] == ["chunk"]
+
+
+@given(args=st.dictionaries(st.text(max_size=8), st.one_of(
+    st.booleans(), st.integers(-(2**63), 2**63 - 1), st.integers(2**63, 2**70), st.floats(allow_nan=False),
+    st.text(max_size=12)), max_size=5), name=st.text(max_size=12), track=st.text(min_size=1, max_size=8))
+@settings(max_examples=100, deadline=None)
+def test_slices_and_their_arguments_parse_back(tmp_path_factory, args, name, track):
+    """What the timeline writes without protobuf objects parses with perfetto's own classes to
+    what was given: names, tracks and every argument's type and value (ints beyond int64 as text)."""
+    tl = Timeline(name="proc")
+    tl.slice(track, name, 10, 20, args)
+    tl.instant("invariants", name, 15, args)
+    trace, names, counters = _parse(tl.write(tmp_path_factory.mktemp("t") / "run.pftrace"))
+    events = [p.track_event for p in trace.packet if p.HasField("track_event")]
+    assert [e.type for e in events] == [pb.TrackEvent.TYPE_SLICE_BEGIN, pb.TrackEvent.TYPE_INSTANT,
+                                        pb.TrackEvent.TYPE_SLICE_END]
+    assert names[events[0].track_uuid] == track and names[events[1].track_uuid] == "invariants"
+    assert events[2].track_uuid == events[0].track_uuid
+    for e in events[:2]:
+        assert e.name == name
+        got = {}
+        for a in e.debug_annotations:
+            got[a.name] = getattr(a, a.WhichOneof("value"))
+        want = {k: (str(v) if isinstance(v, int) and not isinstance(v, bool) and v >= 2**63 else v)
+                for k, v in args.items()}
+        assert got == want
+
+
+def test_writing_a_timeline_leaves_perfetto_unimported(tmp_path):
+    """Writing needs no generated protobuf classes (their import costs every session ~0.25 s)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from pytest_jaxlog import Timeline; import numpy as np; tl = Timeline(); "
+            "tl.slice('dispatch', 'chunk', 0, 5, {'steps': 5}); tl.counter_series('e', [1, 2], [0.5, 0.25]); "
+            f"tl.write({str(tmp_path / 'run.pftrace')!r}); "
+            "print(sorted(m for m in sys.modules if m.startswith(('perfetto', 'google.protobuf'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+    assert load_trace(tmp_path / "run.pftrace").counters["e"][1].tolist() == [0.5, 0.25]

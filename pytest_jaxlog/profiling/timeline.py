@@ -1,8 +1,8 @@
 """Timeline: a thread-safe collector of a run's events, written as one Perfetto protobuf trace.
 
 The driver, the writer thread and the invariant checker add slices/instants/counters while the
-run goes; ``write(path)`` turns them into a ``.pftrace`` (the ``perfetto`` package's protobuf
-messages; counter samples encoded directly) that opens in ui.perfetto.dev: one track per named
+run goes; ``write(path)`` turns them into a ``.pftrace`` (protobuf's wire format written
+directly: ``profiling.protowire``) that opens in ui.perfetto.dev: one track per named
 track (``dispatch``, ``host``, ``writer``, ``compile``, ``window steps``, ``invariants``...), slices as
 ``TYPE_SLICE_BEGIN``/``TYPE_SLICE_END`` pairs, instants for violations, and one counter track per
 scalar record. Times are ``time.perf_counter_ns()`` nanoseconds.
@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
+
+from . import protowire as pw
 
 __all__ = ["Timeline", "now_ns", "STEP_SLICE", "TRACKS", "MAX_COUNTER_SAMPLES"]
 
@@ -84,49 +86,26 @@ class _Events:
     tracks: list = field(default_factory=list)  # names in first-use order
 
 
-def _annotate(ann: Any, key: str, value: Any) -> None:
-    ann.name = str(key)
+def _annotation(key: str, value: Any) -> bytes:
+    """A ``DebugAnnotation`` (value 2 bool, 4 int, 5 double, 6 string; name 10), its fields in
+    number order as protobuf writes them."""
     if isinstance(value, (bool, np.bool_)):
-        ann.bool_value = bool(value)
+        field = pw.uint(2, int(bool(value)))
     elif isinstance(value, (int, np.integer)) and -(2**63) <= int(value) < 2**63:
-        ann.int_value = int(value)
+        field = pw.sint(4, int(value))
     elif isinstance(value, (float, np.floating)):
-        ann.double_value = float(value)
+        field = pw.double(5, float(value))
     else:
-        ann.string_value = str(value)
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    """A length-delimited protobuf field."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
-def _wide_varints(x: np.ndarray) -> np.ndarray:
-    """Non-negative integers as varints of one width, one row each (the width the largest
-    needs): protobuf readers accept a varint padded with continuation bytes, and a fixed width
-    lets a whole track be laid out at once."""
-    x = np.asarray(x, np.int64).astype(np.uint64)
-    width = max(1, -(-int(x.max(initial=0)).bit_length() // 7))
-    out = ((x[:, None] >> (np.arange(width, dtype=np.uint64) * np.uint64(7))) & np.uint64(0x7F)).astype(np.uint8)
-    out[:, :width - 1] |= 0x80
-    return out
+        field = pw.text(6, str(value))
+    return field + pw.text(10, str(key))
 
 
 def _bytes_column(data: bytes, n: int) -> np.ndarray:
     return np.broadcast_to(np.frombuffer(data, np.uint8), (n, len(data)))
 
 
-# Counter samples are most of a long run's packets; through protobuf objects each cost ~10 us
-# (~10 ms for a 1,000-step test's energy), laid out with numpy a whole track costs about one.
+# Counter samples are most of a long run's packets; one at a time each cost ~10 us (~10 ms for a
+# 1,000-step test's energy), laid out with numpy a whole track costs about one.
 # perfetto's field numbers: Trace.packet 1; TracePacket.timestamp 8, .trusted_packet_sequence_id
 # 10, .track_event 11; TrackEvent.debug_annotations 4, .type 9 (TYPE_COUNTER = 4), .track_uuid 11,
 # .double_counter_value 44; DebugAnnotation.int_value 4, .name 10 (tests/test_perfetto.py parses
@@ -141,17 +120,17 @@ def _counter_packets(track_uuid: int, ts_ns: np.ndarray, values: np.ndarray, ste
     known = steps >= 0
     if not known.all() and known.any():  # rows of one layout each: those with a step, those without
         return b"".join(_counter_packets(track_uuid, ts_ns[i:i + 1], values[i:i + 1], steps[i:i + 1]) for i in range(n))
-    ts, uuid = _wide_varints(ts_ns), _wide_varints(np.full(n, track_uuid))
+    ts, uuid = pw.wide_varints(ts_ns), pw.wide_varints(np.full(n, track_uuid))
     columns = [_bytes_column(b"\x48\x04\x58", n), uuid,  # type COUNTER, track_uuid
                _bytes_column(b"\xe1\x02", n), np.asarray(values, "<f8").view(np.uint8).reshape(n, 8)]  # the value
     if known.all():  # debug_annotations: int_value (the step), name "step"
-        step = _wide_varints(steps)
+        step = pw.wide_varints(steps)
         columns = [_bytes_column(b"\x22" + bytes([1 + step.shape[1] + 6]) + b"\x20", n), step,
                    _bytes_column(b"\x52\x04step", n), *columns]
     event_len = sum(c.shape[1] for c in columns)  # at most 42 and the packet 57: one-byte lengths
     packet_len = 1 + ts.shape[1] + 2 + 2 + event_len
     rows = np.hstack([_bytes_column(bytes([0x0A, packet_len, 0x40]), n), ts,  # Trace.packet, length, timestamp
-                      _bytes_column(b"\x50" + _varint(_SEQ_ID) + bytes([0x5A, event_len]), n),  # sequence, track_event
+                      _bytes_column(pw.uint(10, _SEQ_ID) + bytes([0x5A, event_len]), n),  # sequence, track_event
                       *columns])
     return rows.tobytes()
 
@@ -327,10 +306,8 @@ class Timeline:
 
     def to_bytes(self) -> bytes:
         """The serialized ``.pftrace``: a ``Trace`` message is its packets, each a length-delimited
-        field 1, so packets are serialized one by one and joined; counter tracks are laid out
-        whole (``_counter_packets``)."""
-        from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
-
+        field 1, so packets are serialized one by one and joined (``protowire``); counter tracks
+        are laid out whole (``_counter_packets``)."""
         with self._lock:
             tracks = list(self._ev.tracks)
             slices = list(self._ev.slices)
@@ -343,41 +320,32 @@ class Timeline:
             tracks.append(NOTES_TRACK)
         instants += notes
 
-        head: list[bytes] = []
         uuids = iter(range(1000, 1 << 62))
         process_uuid = next(uuids)
+        sequence = pw.uint(10, _SEQ_ID)
 
-        def descriptor(uuid: int, name: str | None = None, parent: int | None = None) -> Any:
-            packet = pb.TracePacket(trusted_packet_sequence_id=_SEQ_ID)
-            desc = packet.track_descriptor
-            desc.uuid = uuid
-            if parent is not None:
-                desc.parent_uuid = parent
-            if name is not None:
-                desc.name = name
-            return packet, desc
+        def descriptor(uuid: int, name: str, *, counter: bytes | None = None, rank: int | None = None) -> bytes:
+            """A ``TracePacket`` holding a ``TrackDescriptor`` (60): uuid 1, name 2, parent_uuid 5,
+            counter 8, sibling_order_rank 12."""
+            desc = pw.uint(1, uuid) + pw.text(2, name) + pw.uint(5, process_uuid)
+            if counter is not None:
+                desc += pw.message(8, counter)
+            if rank is not None:
+                desc += pw.sint(12, rank)
+            return sequence + pw.message(60, desc)
 
-        first, _ = descriptor(process_uuid)
-        first.sequence_flags = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
-        first.track_descriptor.process.pid = os.getpid()
-        first.track_descriptor.process.process_name = self.name
-        head.append(first.SerializeToString())
-
+        # the process (3): pid 1, process_name 6; sequence_flags 13 = SEQ_INCREMENTAL_STATE_CLEARED
+        process = pw.message(3, pw.sint(1, os.getpid()) + pw.text(6, self.name))
+        head = [sequence + pw.uint(13, 1) + pw.message(60, pw.uint(1, process_uuid) + process)]
         track_uuid: dict[str, int] = {}
         for i, name in enumerate(tracks):
             track_uuid[name] = next(uuids)
-            packet, d = descriptor(track_uuid[name], name, process_uuid)
-            d.sibling_order_rank = i
-            head.append(packet.SerializeToString())
+            head.append(descriptor(track_uuid[name], name, rank=i))
         counter_uuid: dict[str, int] = {}
         for c in counters:
             if c.name not in counter_uuid:
                 counter_uuid[c.name] = next(uuids)
-                packet, d = descriptor(counter_uuid[c.name], c.name, process_uuid)
-                d.counter.SetInParent()
-                if c.unit:
-                    d.counter.unit_name = c.unit
-                head.append(packet.SerializeToString())
+                head.append(descriptor(counter_uuid[c.name], c.name, counter=pw.text(6, c.unit) if c.unit else b""))
 
         # Per track, slices become properly nested BEGIN/END pairs (a stack walk over slices
         # sorted by start, longest first); a slice that overlaps without nesting goes to a
@@ -392,7 +360,7 @@ class Timeline:
             track, group = pending.pop(0)
             if track not in track_uuid:
                 track_uuid[track] = next(uuids)
-                head.append(descriptor(track_uuid[track], track, process_uuid)[0].SerializeToString())
+                head.append(descriptor(track_uuid[track], track))
             group.sort(key=lambda s: (s.start_ns, -(s.end_ns - s.start_ns)))
             stack: list[_Slice] = []
             spill: list[_Slice] = []
@@ -412,23 +380,19 @@ class Timeline:
             events.append((ins.ts_ns, ("I", ins)))
         events.sort(key=lambda e: e[0])
 
+        # each a TrackEvent (11): debug_annotations 4, type 9 (SLICE_BEGIN 1, SLICE_END 2,
+        # INSTANT 3), track_uuid 11, name 23
         body: list[bytes] = []
         for ts, (kind, obj) in events:
-            packet = pb.TracePacket(timestamp=ts, trusted_packet_sequence_id=_SEQ_ID)
-            te = packet.track_event
-            if kind in ("B", "I"):  # a slice begin or an instant: named, on a track, with args
-                te.type = pb.TrackEvent.TYPE_SLICE_BEGIN if kind == "B" else pb.TrackEvent.TYPE_INSTANT
-                te.track_uuid = track_uuid[obj.track]
-                te.name = obj.name
-                for k, v in (obj.args or {}).items():
-                    _annotate(te.debug_annotations.add(), k, v)
+            if kind == "E":
+                event = pw.uint(9, 2) + pw.uint(11, track_uuid[obj])
             else:
-                te.type = pb.TrackEvent.TYPE_SLICE_END
-                te.track_uuid = track_uuid[obj]
-            body.append(packet.SerializeToString())
+                event = b"".join(pw.message(4, _annotation(k, v)) for k, v in (obj.args or {}).items())
+                event += pw.uint(9, 1 if kind == "B" else 3) + pw.uint(11, track_uuid[obj.track]) + pw.text(23, obj.name)
+            body.append(pw.uint(8, ts) + sequence + pw.message(11, event))
         # each counter track's samples after the slices, in time order (readers sort by time)
         counter_packets = [_counter_packets(counter_uuid[c.name], c.ts_ns, c.values, c.steps) for c in counter_tracks]
-        return b"".join([*(_field(1, p) for p in head + body), *counter_packets])
+        return b"".join([*(pw.message(1, p) for p in head + body), *counter_packets])
 
     def write(self, path: str | os.PathLike) -> Path:
         """Write the ``.pftrace`` (atomically: a temp file renamed into place) and return its path."""
