@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -355,6 +356,12 @@ def test_artifact_dirs_keep_all_and_none(pytester):
     pytester.runpytest("--jaxlog-keep=none").assert_outcomes(passed=5, failed=1, xfailed=1)
     tests, _ = _manifest(base)
     assert not any(e["kept"] for e in tests.values())
+    # the discarded directories went to a trash folder at once, deleted after the session by an
+    # ``rm`` it does not wait for
+    assert sorted(p.name for p in base.iterdir() if not p.name.startswith(".trash-")) == ["manifest.json"]
+    deadline = time.monotonic() + 60
+    while any(p.name.startswith(".trash-") for p in base.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert sorted(p.name for p in base.iterdir()) == ["manifest.json"]
 
 
