@@ -507,7 +507,7 @@ def _manifest_lines(path: Path, doc: dict, markdown: bool) -> tuple[list[str], i
     lines: list[str] = []
     traces = 0
     base = path.parent
-    tests = manifest.tests(doc)
+    tests = [t for t in manifest.tests(doc) if not t.get("stale")]  # earlier sessions' entries: counted apart
     bad = [t for t in tests if t.get("outcome") not in _QUIET_OUTCOMES]
     kept = [t for t in tests if t.get("kept")]
     lines.append(f"{h}jaxlog: {base}")
@@ -536,6 +536,9 @@ def _manifest_lines(path: Path, doc: dict, markdown: bool) -> tuple[list[str], i
                for g in t.get("goldens") or [] if g.get("status") in ("regenerated", "created")]
     for status, p in sorted(goldens):
         lines.append(f"{item}{status} golden: {code(p)}")
+    carried = len(manifest.tests(doc)) - len(tests)
+    if carried:
+        lines.append(f"{item}{carried} tests not run in this session keep their earlier entries (stale)")
     stale = manifest.stale(doc)
     if stale:
         lines.append(f"{item}{len(stale)} artifact directories from an earlier session (stale), e.g. "

@@ -123,7 +123,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def pytest_sessionstart(session: pytest.Session) -> None:
     s = session.config.stash.get(SESSION_KEY, None)
     if s is not None:
-        s.start()  # directories left by earlier sessions: removed or listed as stale, per --jaxlog-keep
+        s.start()  # what earlier sessions left: kept and listed as stale, or removed (--jaxlog-clean-stale)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
