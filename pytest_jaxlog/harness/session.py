@@ -20,6 +20,7 @@ import pytest
 from ..errors import JaxlogError
 from .devices import child_spec
 from .discard import Discard
+from .run_errors import flagged
 from .options import (
     GOLDEN_DIR_INI,
     OPTIONS,
@@ -64,7 +65,7 @@ class RunNote:
     steps_per_s: float | None  # None when not finite (a run too short to time)
     compiles: int
     status: str | None = None
-    stop_reason: str | None = None  # jl.run: until | steps | violation | interrupted
+    stop_reason: str | None = None  # jl.run: until | steps | violation | interrupted; error (status failed)
     from_cache: int = 0  # of the compiles, loaded from JAX's persistent compilation cache
     reused: int = 0  # programs the run ran that this process had compiled before (an equal kernel's)
 
@@ -151,7 +152,7 @@ class TestState:
             return
         rate = getattr(t, "steps_per_s", None)
         status = getattr(obj, "status", None)
-        reason = getattr(obj, "stop_reason", None)
+        reason = "error" if status == "failed" else getattr(obj, "stop_reason", None)  # raised: no interruption
         self.runs.append(RunNote(
             name=label,
             steps=int(getattr(t, "steps", 0) or 0),
@@ -599,6 +600,8 @@ def _outcome(reports: dict[str, Any], teardown_excinfo: Any) -> str:
     if setup is not None and setup.skipped:
         return "xfailed" if hasattr(setup, "wasxfail") else "skipped"
     if call is not None:
+        if flagged(call):  # a usage error before a run's first step
+            return "error"
         if hasattr(call, "wasxfail"):
             if call.skipped:
                 return "xfailed"
@@ -613,9 +616,12 @@ def _outcome(reports: dict[str, Any], teardown_excinfo: Any) -> str:
 
 
 def _error_line(reports: dict[str, Any], teardown_excinfo: Any) -> str:
-    """The first line of what made a test error: its setup failure, else its teardown exception."""
+    """The first line of what made a test error: its setup failure (or a run's usage error), else its
+    teardown exception."""
     setup = reports.get("setup")
-    if setup is not None and setup.failed:
+    if setup is None or not setup.failed:
+        setup = reports.get("call") if flagged(reports.get("call")) else None
+    if setup is not None:
         longrepr = setup.longrepr
         text = getattr(longrepr, "errorstring", None)  # a missing fixture
         if text is None:
