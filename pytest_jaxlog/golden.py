@@ -22,6 +22,8 @@ import numpy as np
 from .check import args
 from .errors import JaxlogAssertionError, JaxlogError
 from .record.schedule import check_step
+from .store import golden_info
+from .store.provenance import provenance
 
 REGEN_FLAG = "--jaxlog-regen"  # owned by the options table (harness/options.py, a layer above): a test keeps them equal
 
@@ -552,6 +554,39 @@ def assert_trajectory_close(actual: Any, expected: Any, *options: Any, hint: str
         raise TrajectoryMismatch(diff.report(hint=hint), diff)
 
 
+def stored_options(expected: Any) -> dict[str, Any]:
+    """The comparison options a golden file stores (those ``check_golden`` checked it with when it
+    was made); empty for an older golden or any other trajectory."""
+    return golden_info.options(getattr(as_trajectory(expected), "golden", None) or {})
+
+
+def platform_difference(expected: Any) -> str | None:
+    """Where a golden was made, when that is not this platform (backend, device kind, jax, x64);
+    None when the same, or when the golden does not say."""
+    made = (getattr(as_trajectory(expected), "golden", None) or {}).get("platform")
+    if not isinstance(made, dict):
+        return None
+    here = golden_info.platform(provenance())
+    if all(made.get(k) == here[k] for k in golden_info.PLATFORM_KEYS):
+        return None
+    return f"made on {golden_info.platform_line(made)}; this platform: {golden_info.platform_line(here)}"
+
+
+def golden_options(expected: Any, given: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The comparison options for a check against ``expected``: ``given`` over those the golden
+    stores; and notes saying which came from the golden and where it was made, if elsewhere."""
+    stored = {k: v for k, v in stored_options(expected).items() if k not in given}
+    notes = []
+    if stored:
+        shown = ", ".join(f"{k}={v!r}" if k in ("records", "steps") else f"{k}={v:g}" if k in ("rtol", "atol")
+                          else f"{k}={v}" for k, v in stored.items())
+        notes.append(f"compared with the options the golden stores: {shown} (options given override them)")
+    elsewhere = platform_difference(expected)
+    if elsewhere:
+        notes.append(f"the golden was {elsewhere}")
+    return {**stored, **given}, notes
+
+
 def regen_hint(golden_path: str | os.PathLike, create: bool = False) -> str:
     verb = "create" if create else "regenerate"
     return f"run pytest with {REGEN_FLAG} to {verb} {display_path(golden_path)}"
@@ -579,8 +614,10 @@ def check_golden(actual: Any, golden_path: str | os.PathLike, *, regen: bool, **
         _checked_options(*(given.arguments[name] for name in COMPARISON_OPTIONS), traj)
         golden_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = golden_path.with_name(f".{golden_path.stem}.{os.getpid()}.tmp{golden_path.suffix or '.h5'}")
+        info = golden_info.describe({k: given.arguments[k] for k in COMPARISON_OPTIONS},
+                                    traj.provenance or provenance())
         try:
-            traj.save(tmp)
+            traj.save(tmp, golden=info)
             os.replace(tmp, golden_path)
         finally:
             if tmp.exists():
