@@ -8,23 +8,12 @@ import json
 from pathlib import Path
 
 from plugin_helpers import no_jaxlog_env  # noqa: F401  (an autouse fixture)
+from test_plugin_manifest import STALE as SUITE  # test_a and test_b fail, test_c passes; each writes a file
 
 from pytest_jaxlog.cli import summarize
 
 pytest_plugins = ["pytester"]
 
-SUITE = """
-def test_a(jaxlog):
-    (jaxlog.dir / "a.txt").write_text("a1")
-    assert False
-
-def test_b(jaxlog):
-    (jaxlog.dir / "b.txt").write_text("b1")
-    assert False
-
-def test_c(jaxlog):
-    (jaxlog.dir / "c.txt").write_text("c1")
-"""
 
 
 def _manifest(base: Path) -> tuple[dict, dict]:
@@ -45,12 +34,14 @@ def test_a_subset_keeps_the_evidence_of_the_tests_it_does_not_run(pytester, monk
     assert first["session"] and dirs["a"].is_dir() and dirs["b"].is_dir()
 
     # a subset that now passes test_a: its directory is replaced (removed: keep=failed), test_b's stays
-    pytester.makepyfile(test_s=SUITE.replace('write_text("a1")\n    assert False', 'write_text("a2")'))
+    passing = SUITE.replace('write_text("a")\n    assert False', 'write_text("a")')
+    assert passing != SUITE
+    pytester.makepyfile(test_s=passing)
     result = _run(pytester, "-k", "test_a")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["stale: 2 tests not run in this session keep their earlier entries in manifest.json "
                                  "(1 with artifact directories); --jaxlog-clean-stale removes them"])
-    assert not dirs["a"].exists() and (dirs["b"] / "b.txt").read_text() == "b1"
+    assert not dirs["a"].exists() and (dirs["b"] / "b.txt").read_text() == "b"
     second, tests = _manifest(base)
     assert second["session"] != first["session"]
     assert sorted(tests) == ["test_a", "test_b", "test_c"]
@@ -67,7 +58,7 @@ def test_a_subset_keeps_the_evidence_of_the_tests_it_does_not_run(pytester, monk
     third, tests = _manifest(base)
     assert [(n, t.get("stale", False), t.get("session")) for n, t in sorted(tests.items())] == [
         ("test_a", True, second["session"]), ("test_b", True, first["session"]), ("test_c", False, None)]
-    assert (dirs["b"] / "b.txt").read_text() == "b1"
+    assert (dirs["b"] / "b.txt").read_text() == "b"
 
     # the summary counts this session's tests and the stale ones apart
     text = summarize([(base / "manifest.json", third)], markdown=False)
@@ -117,8 +108,8 @@ def test_the_controller_keeps_the_evidence_under_xdist(pytester):
     first, _ = _manifest(base)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "-k", "test_a or test_c")
     result.assert_outcomes(passed=1, failed=1)
-    assert (base / "test_s.test_b" / "b.txt").read_text() == "b1"
-    assert (base / "test_s.test_a" / "a.txt").read_text() == "a1"  # rerun and failed again: its new directory
+    assert (base / "test_s.test_b" / "b.txt").read_text() == "b"
+    assert (base / "test_s.test_a" / "a.txt").read_text() == "a"  # rerun and failed again: its new directory
     doc, tests = _manifest(base)
     assert sorted(tests) == ["test_a", "test_b", "test_c"]
     assert [n for n, t in sorted(tests.items()) if t.get("stale")] == ["test_b"]
