@@ -6,7 +6,8 @@ another test's failure evidence, nor leave a manifest that forgets it. So a sess
 the directories of the tests it runs again; the others stay on disk, and their manifest entries
 are carried into the new manifest marked ``stale`` with the session they came from (merged per
 test id: the newest entry wins). ``--jaxlog-clean-stale`` removes them instead. Only directories
-a manifest names, directly below the artifact folder, are ever touched. Standard library only.
+a manifest names, directly below the artifact folder, are ever touched. Standard library only
+(the manifest's reader is imported on use: the plugin imports no package layer at load).
 """
 
 from __future__ import annotations
@@ -14,9 +15,8 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Mapping
-
-from ..store import manifest
 
 
 @dataclass
@@ -28,7 +28,7 @@ class Earlier:
 
     @property
     def session(self) -> str:
-        return manifest.session_id(self.doc)
+        return _manifest().session_id(self.doc)
 
     def own_dir(self, name: Any) -> Path | None:
         """``base/name`` when ``name`` is a direct subdirectory that exists, else None."""
@@ -39,14 +39,14 @@ class Earlier:
 
     def named_dirs(self) -> list[Path]:
         """Every existing directory the manifest names (its tests' and its stale ones), once each."""
-        seen = {d for e in manifest.artifact_dirs(self.doc) if (d := self.own_dir(e.get("dir"))) is not None}
+        seen = {d for e in _manifest().artifact_dirs(self.doc) if (d := self.own_dir(e.get("dir"))) is not None}
         return sorted(seen)
 
     def carried(self, now: Mapping[str, dict]) -> list[dict]:
         """The earlier entries of tests this session did not run, marked stale with their session;
         an entry whose directory is gone keeps its outcome and names no files."""
         out = []
-        for old in manifest.tests(self.doc):
+        for old in _manifest().tests(self.doc):
             if old["nodeid"] in now:
                 continue
             entry = dict(old, stale=True, session=old.get("session") if old.get("stale") else self.session)
@@ -64,7 +64,7 @@ class Earlier:
             if e.get("dir"):
                 out[e["dir"]] = {"nodeid": e["nodeid"], "dir": e["dir"], "outcome": e.get("outcome"),
                                  "session": e["session"]}
-        for s in manifest.stale(self.doc):
+        for s in _manifest().stale(self.doc):
             name = s["dir"]
             if name not in out and name not in rerun and s.get("nodeid") not in rerun and self.own_dir(name):
                 out[name] = dict(s, session=s.get("session") or self.session)
@@ -74,12 +74,18 @@ class Earlier:
         """Directories of tests this session ran again that its own entries no longer name (a test
         that now errors before its fixture, or keeps nothing): its earlier evidence is replaced."""
         out = []
-        for old in manifest.tests(self.doc):
+        for old in _manifest().tests(self.doc):
             new = now.get(old["nodeid"])
             d = self.own_dir(old.get("dir"))
             if new is not None and d is not None and new.get("dir") != old.get("dir"):
                 out.append(d)
         return out
+
+
+def _manifest() -> ModuleType:
+    from ..store import manifest
+
+    return manifest
 
 
 def remove(dirs: list[Path]) -> list[str]:
