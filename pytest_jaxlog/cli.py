@@ -46,11 +46,14 @@ def _parser() -> argparse.ArgumentParser:
                           "|a-b| <= atol + rtol*|b|. Exit code 0 if they match, 1 if they differ.")
     diff.add_argument("a", metavar="A", help="obtained trajectory (.h5)")
     diff.add_argument("b", metavar="B", help="expected trajectory (.h5), e.g. a golden file")
-    diff.add_argument("--rtol", type=float, default=1e-7, help="relative tolerance (default 1e-7)")
-    diff.add_argument("--atol", type=float, default=0.0, help="absolute tolerance (default 0)")
-    diff.add_argument("--records", nargs="+", metavar="RECORD", help="compare only these records (names or prefixes)")
-    diff.add_argument("--steps", metavar="LO:HI[:STRIDE]", help="compare only steps LO <= step < HI (either may be empty)")
-    diff.add_argument("--nan-differs", action="store_true", help="treat NaN at the same position as a difference")
+    diff.add_argument("--rtol", type=float, help="relative tolerance (default: the one golden B stores, else 1e-7)")
+    diff.add_argument("--atol", type=float, help="absolute tolerance (default: the one golden B stores, else 0)")
+    diff.add_argument("--records", nargs="+", metavar="RECORD", help="compare only these records (names or prefixes; "
+                      "default: those golden B stores, else all)")
+    diff.add_argument("--steps", metavar="LO:HI[:STRIDE]", help="compare only steps LO <= step < HI (either may be "
+                      "empty; default: those golden B stores, else all)")
+    diff.add_argument("--nan-differs", action="store_true", default=None,
+                      help="treat NaN at the same position as a difference")
 
     trace = sub.add_parser("trace", help="timings summary of a Perfetto/JAX trace",
                            description="Summarise a trace (jaxlog .pftrace or JAX's perfetto_trace.json.gz / "
@@ -272,12 +275,16 @@ def _parse_steps(text: str | None):
 
 
 def cmd_diff(args) -> int:
-    from .golden import diff_trajectories
+    from .golden import diff_trajectories, golden_options
 
     a, b = _load(args.a), _load(args.b)
-    d = diff_trajectories(a, b, rtol=args.rtol, atol=args.atol, records=args.records,
-                          steps=_parse_steps(args.steps), equal_nan=not args.nan_differs)
+    given = {"rtol": args.rtol, "atol": args.atol, "records": args.records, "steps": _parse_steps(args.steps),
+             "equal_nan": None if args.nan_differs is None else not args.nan_differs}
+    options, note = golden_options(b, {k: v for k, v in given.items() if v is not None})
+    d = diff_trajectories(a, b, **options)
     print(d.report())
+    for line in note:
+        print(f"  note: {line}")
     return 0 if d.ok else 1
 
 
@@ -507,7 +514,7 @@ def _manifest_lines(path: Path, doc: dict, markdown: bool) -> tuple[list[str], i
     lines: list[str] = []
     traces = 0
     base = path.parent
-    tests = manifest.tests(doc)
+    tests = [t for t in manifest.tests(doc) if not t.get("stale")]  # earlier sessions' entries: counted apart
     bad = [t for t in tests if t.get("outcome") not in _QUIET_OUTCOMES]
     kept = [t for t in tests if t.get("kept")]
     lines.append(f"{h}jaxlog: {base}")
@@ -536,6 +543,9 @@ def _manifest_lines(path: Path, doc: dict, markdown: bool) -> tuple[list[str], i
                for g in t.get("goldens") or [] if g.get("status") in ("regenerated", "created")]
     for status, p in sorted(goldens):
         lines.append(f"{item}{status} golden: {code(p)}")
+    carried = len(manifest.tests(doc)) - len(tests)
+    if carried:
+        lines.append(f"{item}{carried} tests not run in this session keep their earlier entries (stale)")
     stale = manifest.stale(doc)
     if stale:
         lines.append(f"{item}{len(stale)} artifact directories from an earlier session (stale), e.g. "

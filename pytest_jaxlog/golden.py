@@ -22,6 +22,8 @@ import numpy as np
 from .check import args
 from .errors import JaxlogAssertionError, JaxlogError
 from .record.schedule import check_step
+from .store import golden_info
+from .store.provenance import provenance
 
 REGEN_FLAG = "--jaxlog-regen"  # owned by the options table (harness/options.py, a layer above): a test keeps them equal
 
@@ -143,6 +145,8 @@ class RecordDiff:
     n_diff: int = 0
     n_total: int = 0
     n_nan: int = 0  # differing elements with a NaN on either side
+    frames: tuple[int, int] | None = None  # steps: (obtained, expected) frame counts
+    last: tuple[int | None, int | None] | None = None  # steps: (obtained, expected) last recorded step
 
     def summary(self) -> str:
         """One line: what a person reads first."""
@@ -180,6 +184,7 @@ class Diff:
     differences: list[RecordDiff] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     n_elements: int = 0
+    ends: tuple[str | None, str | None] = (None, None)  # how each run ended, where either stopped early
 
     @property
     def ok(self) -> bool:
@@ -195,18 +200,29 @@ class Diff:
             return structural[0]
         return min(self.differences, key=lambda d: (d.step if d.step is not None else -1))
 
-    def report(self, hint: str | None = None) -> str:
-        """The multi-line message: headline, per-record summaries, notes, then ``hint``."""
+    def lead(self) -> RecordDiff | None:
+        """What the message says first: a frame-count difference (a run that stopped at another
+        step explains every later difference), else ``first``."""
+        counts = [d for d in self.differences if d.kind == "steps" and d.frames and d.frames[0] != d.frames[1]]
+        return counts[0] if counts else self.first
+
+    def report(self, hint: str | None = None, expected: str = "expected") -> str:
+        """The multi-line message: headline, per-record summaries, notes, then ``hint``. ``expected``
+        names the reference in the lines about runs ("golden" for a golden check)."""
         tol = f"rtol={self.rtol:g}, atol={self.atol:g}"
         if self.ok:
             return (
                 f"[jaxlog] trajectories match ({len(self.records)} records, {self.n_elements} elements, {tol})"
             )
-        first = self.first
+        first = self.lead()
+        assert first is not None
         lines = [f"[jaxlog] trajectories differ: {first.summary()}"]
+        shown = [first]
         if first.kind == "values":
             lines.append(f"  {first.stats()} ({tol})")
-        others = [d for d in self.differences if d is not first]
+        else:
+            lines += self._after_structural(first, expected, tol, shown)
+        others = [d for d in self.differences if all(d is not s for s in shown)]
         if others:
             lines.append(f"  {len(others)} other difference{'s' if len(others) > 1 else ''}:")
             for d in others:
@@ -223,6 +239,25 @@ class Diff:
         if hint:
             lines.append(hint)
         return "\n".join(lines)
+
+    def _after_structural(self, lead: RecordDiff, expected: str, tol: str, shown: list[RecordDiff]) -> list[str]:
+        """After a steps difference: the frame counts and how each run ended, then the first
+        divergence of the values at the common steps (or that they agree)."""
+        if lead.kind != "steps":
+            return []
+        lines = []
+        if lead.frames and lead.last:
+            (na, ne), (la, le) = lead.frames, lead.last
+            ends = "".join(f"; {who} {end}" for who, end in zip(("obtained", expected), self.ends) if end)
+            lines.append(f"  obtained {na} frames to step {la}, {expected} {ne} frames to step {le}{ends}")
+        values = [d for d in self.differences if d.kind == "values"]
+        if values:
+            div = min(values, key=lambda d: (d.step if d.step is not None else -1))
+            shown.append(div)
+            lines.append(f"  first divergence: {div.summary()}; {div.stats()} ({tol})")
+        elif not any(d.kind in ("missing", "extra", "shape", "dtype") for d in self.differences):
+            lines.append(f"  the values agree at the steps both have ({tol})")
+        return lines
 
 
 def _fmt(value: Any) -> str:
@@ -373,6 +408,8 @@ def diff_trajectories(
                     "steps",
                     f"steps differ: obtained {_fmt_steps(a_steps)}, expected {_fmt_steps(e_steps)}; " + ", ".join(what),
                     step=first,
+                    frames=(len(a_steps), len(e_steps)),
+                    last=(_last(a_steps), _last(e_steps)),
                 )
             )
         a_vals = np.asarray(a_traj[path])
@@ -396,7 +433,28 @@ def diff_trajectories(
             diff.differences.append(vd)
     if diff.differences:
         diff.notes += provenance_notes(a_traj, e_traj)
+        diff.ends = run_ends(a_traj, e_traj)
     return diff
+
+
+def _last(steps: np.ndarray) -> int | None:
+    return int(steps[-1]) if len(steps) else None
+
+
+def run_ends(actual: Any, expected: Any) -> tuple[str | None, str | None]:
+    """How each run ended ("stopped by until at step 12"), for both where either did not simply
+    run all its steps or the two ran to different steps; (None, None) otherwise."""
+    def end(traj: Any) -> tuple[str | None, Any]:
+        reason, done, status = (getattr(traj, a, None) for a in ("stop_reason", "steps_done", "status"))
+        if status in ("failed", "stopped"):
+            return f"{status} at step {done}", done
+        if reason not in (None, "steps"):
+            return f"stopped by {reason} at step {done}", done
+        return (f"ran to step {done}" if done is not None else None), done
+
+    (a, da), (e, de) = end(actual), end(expected)
+    plain = all(x is None or x.startswith("ran to") for x in (a, e))
+    return (None, None) if plain and da == de else (a, e)
 
 
 def _checked_options(rtol: Any, atol: Any, records: Any, steps: Any, equal_nan: Any, *trajs) -> tuple:
@@ -496,6 +554,39 @@ def assert_trajectory_close(actual: Any, expected: Any, *options: Any, hint: str
         raise TrajectoryMismatch(diff.report(hint=hint), diff)
 
 
+def stored_options(expected: Any) -> dict[str, Any]:
+    """The comparison options a golden file stores (those ``check_golden`` checked it with when it
+    was made); empty for an older golden or any other trajectory."""
+    return golden_info.options(getattr(as_trajectory(expected), "golden", None) or {})
+
+
+def platform_difference(expected: Any) -> str | None:
+    """Where a golden was made, when that is not this platform (backend, device kind, jax, x64);
+    None when the same, or when the golden does not say."""
+    made = (getattr(as_trajectory(expected), "golden", None) or {}).get("platform")
+    if not isinstance(made, dict):
+        return None
+    here = golden_info.platform(provenance())
+    if all(made.get(k) == here[k] for k in golden_info.PLATFORM_KEYS):
+        return None
+    return f"made on {golden_info.platform_line(made)}; this platform: {golden_info.platform_line(here)}"
+
+
+def golden_options(expected: Any, given: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The comparison options for a check against ``expected``: ``given`` over those the golden
+    stores; and notes saying which came from the golden and where it was made, if elsewhere."""
+    stored = {k: v for k, v in stored_options(expected).items() if k not in given}
+    notes = []
+    if stored:
+        shown = ", ".join(f"{k}={v!r}" if k in ("records", "steps") else f"{k}={v:g}" if k in ("rtol", "atol")
+                          else f"{k}={v}" for k, v in stored.items())
+        notes.append(f"compared with the options the golden stores: {shown} (options given override them)")
+    elsewhere = platform_difference(expected)
+    if elsewhere:
+        notes.append(f"the golden was {elsewhere}")
+    return {**stored, **given}, notes
+
+
 def regen_hint(golden_path: str | os.PathLike, create: bool = False) -> str:
     verb = "create" if create else "regenerate"
     return f"run pytest with {REGEN_FLAG} to {verb} {display_path(golden_path)}"
@@ -523,8 +614,10 @@ def check_golden(actual: Any, golden_path: str | os.PathLike, *, regen: bool, **
         _checked_options(*(given.arguments[name] for name in COMPARISON_OPTIONS), traj)
         golden_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = golden_path.with_name(f".{golden_path.stem}.{os.getpid()}.tmp{golden_path.suffix or '.h5'}")
+        info = golden_info.describe({k: given.arguments[k] for k in COMPARISON_OPTIONS},
+                                    traj.provenance or provenance())
         try:
-            traj.save(tmp)
+            traj.save(tmp, golden=info)
             os.replace(tmp, golden_path)
         finally:
             if tmp.exists():
@@ -535,7 +628,9 @@ def check_golden(actual: Any, golden_path: str | os.PathLike, *, regen: bool, **
             f"[jaxlog] golden trajectory {display_path(golden_path)} does not exist; "
             + regen_hint(golden_path, create=True)
         )
-    assert_trajectory_close(actual, golden_path, hint=regen_hint(golden_path), **options)
+    diff = diff_trajectories(actual, golden_path, **options)
+    if not diff.ok:
+        raise TrajectoryMismatch(diff.report(hint=regen_hint(golden_path), expected="golden"), diff)
     return "ok"
 
 

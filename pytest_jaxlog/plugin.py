@@ -15,6 +15,7 @@ from .harness.devices import ChildReports, DevicesPlugin, child_spec
 from .harness.factory import JaxlogFactory
 from .harness.fixture import JaxlogFixture
 from .harness.options import add_options, marker_settings
+from .harness import run_errors
 from .harness.processes import DistributedChild, ProcessesPlugin, start_distributed
 from .harness.session import REPORTS_KEY, SESSION_KEY, JaxlogSession, uses_jaxlog
 
@@ -84,6 +85,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     elif call.when == "teardown":
         entry = session.finish_item(item, call.excinfo)  # before the report copies user_properties
     report = yield
+    run_errors.mark(report, call.excinfo)  # a usage error before a run's first step: pytest's error outcome
     item.stash.setdefault(REPORTS_KEY, {})[call.when] = report
     if call.when in ("setup", "call") and report.failed:
         text = session.section(item)
@@ -92,6 +94,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if entry is not None:
         report.jaxlog = entry  # travels to the xdist controller with the report
     return report
+
+
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> Any:
+    return run_errors.teststatus(report)
 
 
 class _Collector:
@@ -123,7 +129,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def pytest_sessionstart(session: pytest.Session) -> None:
     s = session.config.stash.get(SESSION_KEY, None)
     if s is not None:
-        s.start()  # directories left by earlier sessions: removed or listed as stale, per --jaxlog-keep
+        s.start()  # what earlier sessions left: kept and listed as stale, or removed (--jaxlog-clean-stale)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

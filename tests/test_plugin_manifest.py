@@ -1,6 +1,6 @@
 """manifest.json and the report section: one path convention (relative to the manifest's directory), tests
-that error in setup listed, per-run timings, and the directories earlier sessions left (removed or listed as
-stale, per --jaxlog-keep)."""
+that error in setup listed, per-run timings, and the directories earlier sessions left (kept and listed as
+stale, or removed with --jaxlog-clean-stale)."""
 
 from __future__ import annotations
 
@@ -134,11 +134,11 @@ def test_directories_of_earlier_sessions_removed_or_listed_as_stale(pytester):
     pytester.runpytest("-p", "no:cacheprovider", "--collect-only")
     assert dirs["b"].is_dir()
 
-    # keep=failed: a subset run removes what the earlier session left, so the folder is this session's
-    result = pytester.runpytest("-p", "no:cacheprovider", "-k", "test_a")
+    # --jaxlog-clean-stale: a subset run removes what the earlier session left, so the folder is this session's
+    result = pytester.runpytest("-p", "no:cacheprovider", "-k", "test_a", "--jaxlog-clean-stale")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["removed 1 artifact directories left by an earlier session for tests not run in this "
-                                 "one (--jaxlog-keep=failed)"])
+                                 "one (--jaxlog-clean-stale)"])
     assert dirs["a"].is_dir() and not dirs["b"].exists()
     assert (base / "notes.txt").read_text() == "mine" and (base / "mine").is_dir()
     doc, tests = _manifest(base)
@@ -147,10 +147,10 @@ def test_directories_of_earlier_sessions_removed_or_listed_as_stale(pytester):
     # keep=all: kept, and listed as stale in the manifest (carried to the next session's manifest too)
     pytester.runpytest("-p", "no:cacheprovider", "--jaxlog-keep=all").assert_outcomes(passed=1, failed=2)
     result = pytester.runpytest("-p", "no:cacheprovider", "--jaxlog-keep=all", "-k", "test_a")
-    result.stdout.fnmatch_lines(["2 artifact directories from an earlier session kept (--jaxlog-keep=all), "
-                                 "listed as stale in manifest.json"])
+    result.stdout.fnmatch_lines(["stale: 2 tests not run in this session keep their earlier entries in manifest.json "
+                                 "(2 with artifact directories); --jaxlog-clean-stale removes them"])
     doc, tests = _manifest(base)
-    assert list(tests) == ["test_a"]
+    assert [n for n, t in tests.items() if not t.get("stale")] == ["test_a"]
     assert sorted((s["nodeid"], s["dir"], s["outcome"]) for s in doc["stale"]) == [
         ("test_s.py::test_b", "test_s.test_b", "failed"), ("test_s.py::test_c", "test_s.test_c", "passed")]
     assert all((base / s["dir"]).is_dir() for s in doc["stale"])
@@ -161,11 +161,11 @@ def test_directories_of_earlier_sessions_removed_or_listed_as_stale(pytester):
     doc["tests"].append({"nodeid": "x.py::test_x", "dir": "../outside", "outcome": "failed"})
     (base / "manifest.json").write_text(json.dumps(doc))
 
-    # keep=none: everything earlier sessions left goes, stale ones included
-    result = pytester.runpytest("-p", "no:cacheprovider", "--jaxlog-keep=none", "-k", "test_c")
+    # keep=none and --jaxlog-clean-stale: everything earlier sessions left goes, stale ones included
+    result = pytester.runpytest("-p", "no:cacheprovider", "--jaxlog-keep=none", "-k", "test_c", "--jaxlog-clean-stale")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["removed 2 artifact directories left by an earlier session for tests not run in this "
-                                 "one (--jaxlog-keep=none)"])
+                                 "one (--jaxlog-clean-stale)"])
     assert sorted(p.name for p in base.iterdir()) == ["manifest.json", "mine", "notes.txt"]
     assert outside.is_dir()
     doc, tests = _manifest(base)

@@ -235,6 +235,8 @@ class JaxlogFixture:
             # re-emitted below at the test's line. The user's filters still apply (-W error raises in the run).
             outcome = run_outcome(step, state, steps, **kwargs)
         result = outcome.run  # on an error (InvariantViolation, a test failure, or anything else): the partial run
+        if outcome.error is not None and result is None:  # raised before the run was made: its arguments
+            outcome.error.jaxlog_before_start = True  # type: ignore[attr-defined]
         if window is not None and window.note:  # a window the run stopped before (until=): no phantom steps
             self._state.notes.append(f"run {self._label(name)!r}: {window.note}")
         if outcome.error is None:

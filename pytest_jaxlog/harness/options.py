@@ -80,6 +80,8 @@ OPTIONS: dict[str, Option] = {
         Option("regen", False, "write or overwrite every golden trajectory the session checks", flag=True, ini=False),
         Option("create_goldens", False, "write goldens that do not exist yet (the test passes with a warning naming "
                "the file); existing goldens are still compared", flag=True),
+        Option("clean_stale", False, "remove the artifact directories and manifest entries earlier sessions left "
+               "for tests this session does not run (kept by default, listed as stale)", flag=True),
     )
 }
 

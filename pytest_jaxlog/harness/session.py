@@ -20,6 +20,7 @@ import pytest
 from ..errors import JaxlogError
 from .devices import child_spec
 from .discard import Discard
+from .run_errors import flagged
 from .options import (
     GOLDEN_DIR_INI,
     OPTIONS,
@@ -64,7 +65,7 @@ class RunNote:
     steps_per_s: float | None  # None when not finite (a run too short to time)
     compiles: int
     status: str | None = None
-    stop_reason: str | None = None  # jl.run: until | steps | violation | interrupted
+    stop_reason: str | None = None  # jl.run: until | steps | violation | interrupted; error (status failed)
     from_cache: int = 0  # of the compiles, loaded from JAX's persistent compilation cache
     reused: int = 0  # programs the run ran that this process had compiled before (an equal kernel's)
 
@@ -151,7 +152,7 @@ class TestState:
             return
         rate = getattr(t, "steps_per_s", None)
         status = getattr(obj, "status", None)
-        reason = getattr(obj, "stop_reason", None)
+        reason = "error" if status == "failed" else getattr(obj, "stop_reason", None)  # raised: no interruption
         self.runs.append(RunNote(
             name=label,
             steps=int(getattr(t, "steps", 0) or 0),
@@ -201,6 +202,8 @@ class JaxlogSession:
             regen, create = lookup(config, "regen"), lookup(config, "create_goldens")
             self.regen = parse_flag(regen.value, what("regen", regen))
             self.create_goldens = parse_flag(create.value, what("create_goldens", create))
+            clean = lookup(config, "clean_stale")
+            self.clean_stale = parse_flag(clean.value, what("clean_stale", clean))
             self.compile_cache = self._resolve_compile_cache()
         except JaxlogError as e:
             raise pytest.UsageError(str(e)) from None
@@ -212,7 +215,9 @@ class JaxlogSession:
         self.entries: dict[str, dict] = {}
         self.current_item: pytest.Item | None = None
         self.started = time.time()
-        self.stale: dict[str, dict] = {}  # directories of earlier sessions kept (keep=all), by dir name
+        self.earlier: Any = None  # stale.Earlier: the previous manifest, whose other tests' evidence is kept
+        self.session_id = ""
+        self.stale_counts = {"tests": 0, "dirs": 0}  # what the manifest carried from earlier sessions
         self.removed_stale: list[str] = []
         self.start_notes: list[str] = []
         self.previous_manifest = False
@@ -316,33 +321,28 @@ class JaxlogSession:
 
     # -- session start: directories of earlier sessions -------------------------------------------
     def start(self) -> None:
-        """Deal with the artifact directories the previous manifest names: removed under keep=failed or
-        none (the folder then holds only this session's evidence), kept and listed as stale under
-        keep=all. Only directories a manifest names are touched, never other files in the folder."""
+        """Read what the previous manifest names: kept (tests run again replace only their own
+        directories; the others stay, listed as stale), or removed under ``--jaxlog-clean-stale``.
+        Only directories a manifest names are touched, never other files in the folder."""
         if self.worker is not None or self.config.option.collectonly:
             return
         from ..store import manifest  # lazy: the plugin imports no package layer at load
+        from .stale import Earlier, remove
 
         path = self.base / manifest.NAME
         if not path.is_file():
             return
         try:
-            old = manifest.artifact_dirs(manifest.read(path))
+            earlier = Earlier(self.base, manifest.read(path))
         except JaxlogError as e:
             self.start_notes.append(f"the previous {self.display(path)} is unreadable ({e}): the directories it "
                                     "names were left as they are")
             return
         self.previous_manifest = True
-        for entry in old:
-            name = str(entry["dir"])
-            d = self.base / name
-            if Path(name).name != name or name in (".", "..") or not d.is_dir():  # only direct subdirectories
-                continue
-            if self.settings.keep == "all":
-                self.stale[name] = entry
-            else:
-                shutil.rmtree(d, ignore_errors=True)  # best effort: a file held open elsewhere stays, nothing else
-                self.removed_stale.append(name)
+        if self.clean_stale:
+            self.removed_stale = remove(earlier.named_dirs())
+        else:
+            self.earlier = earlier
 
     # -- per test --------------------------------------------------------------------------------
     def state_for(self, item: pytest.Item) -> TestState:
@@ -479,9 +479,16 @@ class JaxlogSession:
         self.entries[entry["nodeid"]] = entry
 
     # -- end of session --------------------------------------------------------------------------
-    def _stale_left(self) -> list[dict]:
-        rerun = {e.get("dir") for e in self.entries.values()}
-        return [s for name, s in sorted(self.stale.items()) if name not in rerun and (self.base / name).is_dir()]
+    def _earlier(self) -> tuple[list[dict], list[dict]]:
+        """Entries carried from earlier sessions (stale) and the stale directory list; the earlier
+        directories of tests run again that this session's entries no longer name are removed."""
+        if self.earlier is None:
+            return [], []
+        from .stale import remove
+
+        remove(self.earlier.replaced(self.entries))
+        carried = self.earlier.carried(self.entries)
+        return carried, self.earlier.stale_dirs(carried, self.entries)
 
     def write_manifest(self, exitstatus: int) -> Path | None:
         """``manifest.json`` in the artifact directory; every path in it is relative to that directory."""
@@ -490,7 +497,10 @@ class JaxlogSession:
         from ..store import manifest  # lazy: the plugin imports no package layer at load
 
         self.base.mkdir(parents=True, exist_ok=True)
+        carried, stale = self._earlier()
+        self.session_id = manifest.new_session_id(self.started)
         doc = manifest.document(
+            session=self.session_id,
             started=self.started,
             finished=time.time(),
             exitstatus=exitstatus,
@@ -504,16 +514,18 @@ class JaxlogSession:
                 "compile_cache": None if self.compile_cache is None else self.manifest_path(self.compile_cache),
                 "regen": self.regen,
                 "create_goldens": self.create_goldens,
+                "clean_stale": self.clean_stale,
             },
-            tests=sorted(self.entries.values(), key=lambda e: e["nodeid"]),
-            stale=self._stale_left(),
+            tests=sorted([*self.entries.values(), *carried], key=lambda e: e["nodeid"]),
+            stale=stale,
         )
+        self.stale_counts = {"tests": len(carried), "dirs": len(stale)}
         return manifest.write(self.base, doc)
 
     def summary(self, tr: Any) -> None:
         from ..store import manifest  # lazy: the plugin imports no package layer at load
 
-        if self.worker is not None or not (self.entries or self.removed_stale or self.stale or self.start_notes):
+        if self.worker is not None or not (self.entries or self.removed_stale or self.earlier or self.start_notes):
             return
         tr.write_sep("-", "jaxlog")
         limit = 30
@@ -537,13 +549,14 @@ class JaxlogSession:
         removed = [n for n in self.removed_stale if n not in rerun]
         if removed:
             tr.write_line(f"removed {len(removed)} artifact directories left by an earlier session for tests "
-                          f"not run in this one ({_flag('keep')}={self.settings.keep})")
+                          f"not run in this one ({_flag('clean_stale')})")
         for note in self.start_notes:
             tr.write_line(f"note: {note}")
-        stale = self._stale_left()
-        if stale:
-            tr.write_line(f"{len(stale)} artifact directories from an earlier session kept ({_flag('keep')}=all), "
-                          f"listed as stale in {manifest.NAME}")
+        stale = self.stale_counts
+        if stale["tests"]:
+            tr.write_line(f"stale: {stale['tests']} tests not run in this session keep their earlier entries in "
+                          f"{manifest.NAME} ({stale['dirs']} with artifact directories); {_flag('clean_stale')} "
+                          "removes them")
         notes = [(e["nodeid"], n) for e in sorted(self.entries.values(), key=lambda e: e["nodeid"])
                  for n in e.get("notes", ())]
         if notes:
@@ -587,6 +600,8 @@ def _outcome(reports: dict[str, Any], teardown_excinfo: Any) -> str:
     if setup is not None and setup.skipped:
         return "xfailed" if hasattr(setup, "wasxfail") else "skipped"
     if call is not None:
+        if flagged(call):  # a usage error before a run's first step
+            return "error"
         if hasattr(call, "wasxfail"):
             if call.skipped:
                 return "xfailed"
@@ -601,9 +616,12 @@ def _outcome(reports: dict[str, Any], teardown_excinfo: Any) -> str:
 
 
 def _error_line(reports: dict[str, Any], teardown_excinfo: Any) -> str:
-    """The first line of what made a test error: its setup failure, else its teardown exception."""
+    """The first line of what made a test error: its setup failure (or a run's usage error), else its
+    teardown exception."""
     setup = reports.get("setup")
-    if setup is not None and setup.failed:
+    if setup is None or not setup.failed:
+        setup = reports.get("call") if flagged(reports.get("call")) else None
+    if setup is not None:
         longrepr = setup.longrepr
         text = getattr(longrepr, "errorstring", None)  # a missing fixture
         if text is None:

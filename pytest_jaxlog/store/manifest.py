@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import time
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -23,10 +24,13 @@ PATHS = "relative to the directory of this file"
 
 
 def document(*, started: float, finished: float, exitstatus: int, rootdir: str, golden_dir: str,
-             settings: dict[str, Any], tests: list[dict], stale: list[dict]) -> dict[str, Any]:
-    """A manifest's fields, in the order they are written."""
+             settings: dict[str, Any], tests: list[dict], stale: list[dict],
+             session: str | None = None) -> dict[str, Any]:
+    """A manifest's fields, in the order they are written. ``session``: the id that entries carried
+    into a later session's manifest (marked ``stale``) name as the session they came from."""
     return {
         "version": VERSION,
+        "session": session,
         "paths": PATHS,
         "started": started,
         "finished": finished,
@@ -37,6 +41,26 @@ def document(*, started: float, finished: float, exitstatus: int, rootdir: str, 
         "tests": tests,
         "stale": stale,
     }
+
+
+def new_session_id(started: float) -> str:
+    """A session's id: its start time (UTC) and a random tail (two sessions may start in one second)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)) + f"-{secrets.token_hex(3)}"
+
+
+def session_id(doc: dict[str, Any]) -> str:
+    """The id of the session that wrote ``doc``; a manifest written before ids existed is named by
+    its start time."""
+    sid = doc.get("session")
+    if isinstance(sid, str) and sid:
+        return sid
+    started = doc.get("started")
+    if isinstance(started, (int, float)) and not isinstance(started, bool):
+        try:
+            return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))
+        except (OverflowError, OSError, ValueError):  # a damaged time: the session is unknown
+            pass
+    return "unknown"
 
 
 def write(directory: Path, doc: dict[str, Any]) -> Path:
@@ -84,7 +108,7 @@ def find(roots: Iterable[str | os.PathLike]) -> list[Path]:
 
 
 def tests(doc: dict[str, Any]) -> list[dict]:
-    """The test entries (each with a ``nodeid``)."""
+    """The test entries (each with a ``nodeid``), those carried from earlier sessions (``stale``) included."""
     return [t for t in _list(doc.get("tests")) if isinstance(t, dict) and "nodeid" in t]
 
 

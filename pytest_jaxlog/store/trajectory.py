@@ -29,7 +29,7 @@ from ..record.numbers import is_dt, is_integer
 from ..record.schedule import schedule_from_json
 from . import h5safe
 from .dtypes import DTYPE_ATTR, KEY_IMPL_ATTR, check_leaf_dtype, decode, storage_dtype, wrap_key_data
-from .format import CRC_ATTR, json_crc32
+from .format import CRC_ATTR, attr_text, json_crc32, json_text
 from .hdf5 import HDF5Writer
 from .parts import PartIndex, invalid_index, read_blocks, read_index
 from .selection import select_frames
@@ -37,7 +37,7 @@ from .treedef import CHECKPOINT_META, beyond_dicts, template
 from .sink import STATUSES
 
 _REQUIRED = ("format_version", "schema", "status", "steps_done")
-_OPTIONAL = ("provenance", "meta", "violation", "writer_error", "summary", "parts")
+_OPTIONAL = ("provenance", "meta", "violation", "writer_error", "summary", "parts", "golden")
 _READ_ERRORS = (OSError, RuntimeError, KeyError)  # what h5py raises for unreadable or corrupted data
 
 
@@ -273,6 +273,12 @@ class Trajectory:
     @property
     def provenance(self) -> dict:
         return self._info.get("provenance") or self.meta.get("provenance") or {}
+
+    @property
+    def golden(self) -> dict:
+        """What a golden file says of how it is checked (the comparison options ``check_golden``
+        used) and the platform it was made on; empty for other files and older goldens."""
+        return self._info.get("golden") or {}
 
     @property
     def writer_error(self) -> str | None:
@@ -586,11 +592,13 @@ class Trajectory:
             out.add(path, self._steps(path, None), self._values(path, None))
         return out
 
-    def save(self, path: str | os.PathLike, *, compression: str | None = "gzip", **writer_kwargs: Any) -> Path:
+    def save(self, path: str | os.PathLike, *, compression: str | None = "gzip", golden: dict | None = None,
+             **writer_kwargs: Any) -> Path:
         """Write this trajectory as a new jaxlog HDF5 file (golden files); returns the path.
 
         Small files for version control: chunks sized to the data, and ``compression`` (gzip with
-        shuffle by default; lossless, values read back bit for bit; None to store raw).
+        shuffle by default; lossless, values read back bit for bit; None to store raw). ``golden``
+        (JSON): how the file is checked as a golden, stored as ``/jaxlog`` attribute ``golden``.
         """
         frames = self.frames()
         writer_kwargs.setdefault("expected_frames", {p: len(s) for p, s in frames.steps.items()})
@@ -613,6 +621,9 @@ class Trajectory:
             raise
         writer.close(self.status, steps_done=self.steps_done, violation=self.violation,
                      summary=self._info.get("summary"))
+        if golden is not None:  # not covered by the checksum: a file written before it existed reads the same
+            with h5py.File(path, "r+") as f:
+                f["jaxlog"].attrs["golden"] = attr_text(json_text(golden))
         return Path(path)
 
     @classmethod
@@ -785,7 +796,7 @@ def _read_info(jl: h5py.Group, file: Path) -> dict[str, Any]:
                           f"{', '.join(STATUSES)}")
     if not is_integer(info["steps_done"]) or not 0 <= info["steps_done"] < 2**63:
         raise JaxlogError(f"{file}: /jaxlog attribute 'steps_done' is {info['steps_done']!r}, not a step number")
-    for key in ("provenance", "meta", "violation", "summary"):
+    for key in ("provenance", "meta", "violation", "summary", "golden"):
         if info.get(key) is not None and not isinstance(info[key], dict):
             raise JaxlogError(f"{file}: /jaxlog attribute {key!r} must be an object or null")
     summary = info.get("summary") or {}
