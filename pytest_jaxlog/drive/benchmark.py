@@ -10,6 +10,12 @@ benchmark asserts on the median of the repeats' ratios with a distribution-free 
 interval (``profiling.stats``):
 ``assert_not_slower(than=1.10)`` fails only when the whole interval lies above 1.10, so noise
 alone fails it with probability at most ``(1 - coverage) / 2`` when the kernel is no slower.
+
+``timer="device"`` times each run by the seconds the accelerator was busy in it, read from a
+JAX profiler trace of the run (``profiling.device_time``): on a GPU that moves much less with the
+load than wall time, and it measures the kernels, not the host around them (dispatch, a loop's
+host round trips), so it answers "did the kernel's own work get slower", not "did the run". The
+CPU backend has no device tracks: there ``timer="device"`` is an error and ``"auto"`` is wall.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import Any, Callable
 import jax
 
 from ..errors import JaxlogError
+from ..profiling.device_time import device_seconds
 from ..profiling.stats import Interval, median, median_interval
 from ..profiling.timings import TimingAssertionError
 from .run import run as jl_run
@@ -43,18 +50,20 @@ class Benchmark:
     ratios: tuple[float, ...] | None = None
     interval: Interval | None = None
     method: str = METHOD
+    timer: str = "wall"  # "wall": perf_counter around each run; "device": the devices' busy seconds
 
     @classmethod
-    def of(cls, steps: int, samples: Any, reference_samples: Any = None, confidence: float = 0.95) -> "Benchmark":
+    def of(cls, steps: int, samples: Any, reference_samples: Any = None, confidence: float = 0.95,
+           timer: str = "wall") -> "Benchmark":
         """The statistics of given timings (seconds per run, grouped by repeat)."""
         mine = tuple(tuple(float(t) for t in rep) for rep in samples)
         if reference_samples is None:
-            return cls(steps, mine)
+            return cls(steps, mine, timer=timer)
         theirs = tuple(tuple(float(t) for t in rep) for rep in reference_samples)
         if len(theirs) != len(mine):
             raise JaxlogError(f"jl.Benchmark: {len(mine)} repeats of the kernel but {len(theirs)} of the reference")
         ratios = tuple(min(a) / min(b) for a, b in zip(mine, theirs))
-        return cls(steps, mine, theirs, ratios, median_interval(ratios, confidence))
+        return cls(steps, mine, theirs, ratios, median_interval(ratios, confidence), timer=timer)
 
     @property
     def steps_per_s(self) -> float:
@@ -96,7 +105,8 @@ class Benchmark:
         return f"{iv.coverage:.1%} interval [{iv.lo:.3f}, {iv.hi:.3f}]"
 
     def _speeds(self) -> str:
-        text = f"{self.steps_per_s:,.1f} steps/s (median of {sum(map(len, self.samples))} runs of {self.steps} steps)"
+        text = f"{self.steps_per_s:,.1f} steps/s (median of {sum(map(len, self.samples))} runs of {self.steps} steps"
+        text += ", device time from the profiler's trace)" if self.timer == "device" else ")"
         if self.reference_samples is None:
             return text
         return f"kernel {text}, reference {self.reference_steps_per_s:,.1f} steps/s"
@@ -106,14 +116,17 @@ class Benchmark:
 
 
 def benchmark(step: Callable, state: Any, steps: int, *, reference: Any = None, repeats: int = 15, number: int = 5,
-              warmup: int = 1, confidence: float = 0.95, **run_kwargs: Any) -> Benchmark:
+              warmup: int = 1, confidence: float = 0.95, timer: str = "wall", **run_kwargs: Any) -> Benchmark:
     """Time ``jl.run(step, state, steps, **run_kwargs)`` warm: ``warmup`` runs first (compiling),
     then ``repeats`` repeats of ``number`` runs each. ``reference=(ref_step, ref_state)`` is run
     the same way (same ``steps`` and ``run_kwargs``), or ``reference=fn`` is called with no
-    arguments (its result waited for), interleaved with the kernel's runs."""
+    arguments (its result waited for), interleaved with the kernel's runs. ``timer``: ``"wall"``,
+    ``"device"`` (the devices' busy seconds from a profiler trace of each run: accelerators only)
+    or ``"auto"`` (device time where JAX's backend is not the CPU)."""
     _check_counts(repeats=repeats, number=number, warmup=warmup)
-    kernel = _timed_run(step, state, steps, run_kwargs)
-    ref = None if reference is None else _as_timed(reference, steps, run_kwargs)
+    timer = _timer(timer, run_kwargs)
+    kernel = _timed_run(step, state, steps, run_kwargs, timer)
+    ref = None if reference is None else _as_timed(reference, steps, run_kwargs, timer)
     if ref is not None:
         median_interval([1.0] * repeats, confidence)  # too few repeats for the confidence: say so before timing
     for _ in range(warmup):
@@ -132,7 +145,7 @@ def benchmark(step: Callable, state: Any, steps: int, *, reference: Any = None, 
                     (a if which is kernel else b).append(which())
         mine.append(tuple(a))
         theirs.append(tuple(b))
-    return Benchmark.of(steps, mine, theirs if ref is not None else None, confidence)
+    return Benchmark.of(steps, mine, theirs if ref is not None else None, confidence, timer=timer)
 
 
 def _check_counts(**counts: int) -> None:
@@ -142,22 +155,35 @@ def _check_counts(**counts: int) -> None:
             raise JaxlogError(f"jl.benchmark: {name} must be an integer >= {low}, got {n!r}")
 
 
-def _timed_run(step: Callable, state: Any, steps: int, run_kwargs: dict) -> Callable[[], float]:
+def _timer(timer: Any, run_kwargs: dict) -> str:
+    if timer not in ("wall", "device", "auto"):
+        raise JaxlogError(f"jl.benchmark: timer= must be 'wall', 'device' or 'auto', got {timer!r}")
+    if timer == "auto":
+        timer = "wall" if jax.default_backend() == "cpu" else "device"
+    if timer == "device" and run_kwargs.get("profile") is not None:
+        raise JaxlogError("jl.benchmark(timer='device') profiles each run itself: leave profile= out")
+    return timer
+
+
+def _timing(call: Callable[[], Any], timer: str) -> Callable[[], float]:
+    """``call`` timed: wall seconds around it (its result waited for), or its devices' busy seconds."""
+    if timer == "device":
+        return lambda: device_seconds(call)
+
     def once() -> float:
         t0 = time.perf_counter()
-        out = jl_run(step, state, steps, **run_kwargs)
-        jax.block_until_ready(out.state)
+        jax.block_until_ready(call())
         return time.perf_counter() - t0
     return once
 
 
-def _as_timed(reference: Any, steps: int, run_kwargs: dict) -> Callable[[], float]:
+def _timed_run(step: Callable, state: Any, steps: int, run_kwargs: dict, timer: str = "wall") -> Callable[[], float]:
+    return _timing(lambda: jl_run(step, state, steps, **run_kwargs).state, timer)
+
+
+def _as_timed(reference: Any, steps: int, run_kwargs: dict, timer: str = "wall") -> Callable[[], float]:
     if isinstance(reference, tuple) and len(reference) == 2 and callable(reference[0]):
-        return _timed_run(reference[0], reference[1], steps, run_kwargs)
+        return _timed_run(reference[0], reference[1], steps, run_kwargs, timer)
     if callable(reference):
-        def once() -> float:
-            t0 = time.perf_counter()
-            jax.block_until_ready(reference())
-            return time.perf_counter() - t0
-        return once
+        return _timing(reference, timer)
     raise JaxlogError(f"jl.benchmark: reference= must be (ref_step, ref_state) or a callable, got {type(reference).__name__}")

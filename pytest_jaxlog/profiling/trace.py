@@ -94,6 +94,30 @@ class Trace:
                               f"(found {sorted(got)})")
         return np.array([got[k] for k in steps], dtype=np.float64)
 
+    def device_busy_s(self) -> float | None:
+        """Seconds the devices were busy: the union of the slices on the trace's device tracks
+        (``/device:GPU:0/Stream #14(...)``; kernels and copies of overlapping streams counted
+        once), summed over devices. None where the trace has no device track (the CPU backend
+        runs its programs on host threads)."""
+        by_device: dict[str, list[tuple[float, float]]] = {}
+        for s in self.all_slices:
+            if s.track.startswith("/device:") and s.dur_s > 0:
+                by_device.setdefault(s.track.split("/")[1], []).append((s.start_s, s.end_s))
+        if not by_device:
+            return None
+        total = 0.0
+        for spans in by_device.values():
+            spans.sort()
+            lo, hi = spans[0]
+            for a, b in spans[1:]:
+                if a > hi:
+                    total += hi - lo
+                    lo, hi = a, b
+                else:
+                    hi = max(hi, b)
+            total += hi - lo
+        return total
+
     def query(self, sql: str, *, trace_processor_shell: str | os.PathLike | None = None) -> str:
         """Run SQL with a trace_processor_shell binary you already have (never downloaded here).
 
