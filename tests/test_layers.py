@@ -21,13 +21,13 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pytest_jaxlog"
 
-RANK = {"errors": 0, "record": 1, "logs": 2, "check": 3, "store": 3, "profiling": 3, "drive": 4, "golden": 4,
+RANK = {"errors": 0, "names": 0, "record": 1, "logs": 2, "check": 3, "store": 3, "profiling": 3, "drive": 4, "golden": 4,
         "cli": 5, "harness": 5, "plugin": 6, "__main__": 7}
 HEAVY = ("jax", "jaxlib", "numpy", "h5py", "perfetto", "ml_dtypes")
 
 # what only some parts of the package may do (names of layers, folders or top-level modules)
 PYTEST_ALLOWED = ("harness", "plugin")  # the pytest side; the core never imports pytest
-NO_JAX_AT_LOAD = ("errors", "record", "check", "store", "profiling", "golden")  # importable without starting jax
+NO_JAX_AT_LOAD = ("errors", "names", "record", "check", "store", "profiling", "golden")  # importable without starting jax
 IMPORT_FUNCTIONS = ("import_module", "__import__")  # importlib.import_module(...), __import__(...)
 
 

@@ -17,7 +17,7 @@ SUFFIX = ".cost.json"
 
 
 def cost_path(session: JaxlogSession, nodeid: str, name: str | None) -> Path:
-    from ..golden import golden_name
+    from ..names import golden_name
 
     return session.golden_dir / golden_name(nodeid, SUFFIX, name=name)
 

@@ -28,7 +28,7 @@ _SCAN_LIMIT = 20000  # files looked at when searching for a golden under another
 
 
 def golden_path(session: JaxlogSession, nodeid: str, name: str | None) -> Path:
-    from ..golden import golden_name
+    from ..names import golden_name
 
     return session.golden_dir / golden_name(nodeid, name=name)
 

@@ -40,7 +40,7 @@ def safe_name(nodeid: str) -> str:
     """The artifact directory name of a test: the same name its golden file gets (``golden_name``), e.g.
     ``examples/test_lj.py::test_nve[64]`` -> ``examples.test_lj.test_nve-64``; replaced characters or
     long ids add a hash of the node id, so names stay unique (parametrize ids, xdist)."""
-    from ..golden import golden_name  # lazy: numpy; the plugin module stays light
+    from ..names import golden_name
 
     return golden_name(nodeid, suffix="")
 
