@@ -14,6 +14,7 @@ from ..errors import JaxlogError
 from ..record.schedule import Schedule, as_schedule, check_count
 from .checkpoint import ResumePoint
 from .lanes import lanes_of
+from .predicates import takes_values
 from .program import Lane
 from .resolve import log_schedules
 
@@ -47,6 +48,7 @@ class RunConfig:
     resume: ResumePoint | None = None  # set by jl.resume
     logs: tuple[tuple[str, Schedule], ...] = ()  # logs=: (name, schedule); names not listed: every step
     log_capacity: int | None = None
+    until_values: bool = False  # until= takes (state, values): the step's aux and logs (see drive.predicates)
 
     @property
     def keyed(self) -> bool:
@@ -86,7 +88,8 @@ def configure(step: Callable, state: Any, steps: int, *, record: Any, invariants
                      on_violation=check_on_violation(on_violation), postmortem=int(postmortem), progress=progress,
                      budget=int(chunk_budget_bytes), timeline=timeline, donate=bool(donate),
                      logs=log_schedules(logs), log_capacity=log_capacity,
-                     checkpoint=None if checkpoint is None else as_schedule(checkpoint, "checkpoint="), resume=resume)
+                     checkpoint=None if checkpoint is None else as_schedule(checkpoint, "checkpoint="), resume=resume,
+                     until_values=takes_values(until, "until="))
 
 
 def as_key(key: Any) -> Any:
