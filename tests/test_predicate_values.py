@@ -146,6 +146,20 @@ def test_when_keeps_exactly_the_accepted_samples_of_a_python_loop(chunk):
     assert run.trajectory.records == ("sample",)
 
 
+@pytest.mark.parametrize("chunk", [None, 1, 7])
+def test_a_sparse_schedule_with_a_values_when_keeps_accepted_scheduled_steps(chunk):
+    """Only every 5th step is a candidate, and of those only the accepted ones are kept (the
+    program's loop that steps between scheduled steps, then records there)."""
+    x0 = jnp.asarray([0.3, -0.2], jnp.float32)
+    kept, kept_steps, _ = plain_chain(x0, 200)
+    on_schedule = kept_steps % 5 == 0
+    run = jl.run(metropolis, x0, 200, key=KEY, has_aux=True, aux=[], chunk=chunk, progress=False,
+                 record={"sample": jl.Record(lambda s: s, every=5, when=lambda s, v: v["aux/is_accepted"])})
+    assert 5 < on_schedule.sum() < 40
+    np.testing.assert_array_equal(run.trajectory.steps("sample"), kept_steps[on_schedule])
+    np.testing.assert_allclose(run.trajectory["sample"], kept[on_schedule], rtol=1e-6)
+
+
 def test_batched_chains_keep_their_own_accepted_samples(tmp_path):
     """One bool per system: each chain's accepted samples read back as that chain's own sequence."""
     n = 3
@@ -166,6 +180,10 @@ def test_batched_chains_keep_their_own_accepted_samples(tmp_path):
             np.testing.assert_array_equal(mine.steps("sample"), kept_steps, err_msg=f"chain {i}")
             np.testing.assert_allclose(mine["sample"], np.array(kept), rtol=1e-6, err_msg=f"chain {i}")
             np.testing.assert_array_equal(mine["aux/is_accepted"], np.isin(np.arange(1, 121), kept_steps))
+    for run in runs[1:]:  # bit-identical whatever the chunk size
+        np.testing.assert_array_equal(run.trajectory["sample"], runs[0].trajectory["sample"])
+        np.testing.assert_array_equal(run.trajectory.steps("sample"), runs[0].trajectory.steps("sample"))
+        np.testing.assert_array_equal(run.trajectory["when/sample"], runs[0].trajectory["when/sample"])
     flags = runs[0].trajectory["when/sample"]
     assert flags.shape[1] == n and not flags.all() and flags.any(axis=1).all()
     loaded = jl.load(tmp_path / "chains1.h5")
@@ -183,6 +201,9 @@ def test_batched_until_on_per_system_gradient_norms():
         run = jl.run(step, starts, 2000, batched=True, has_aux=True, chunk=chunk, progress=False,
                      until=lambda s, v: v["aux/gnorm"] < TOL)
         assert list(run.systems_done) == stops and run.steps_done == max(stops)
+        if chunk is None:
+            first = run
+        np.testing.assert_array_equal(run.state, first.state)  # bit-identical whatever the chunk size
         for i in range(3):
             np.testing.assert_allclose(run.state[i], plain_descent(starts[i])["x"][-1], rtol=1e-5, atol=1e-6)
 
