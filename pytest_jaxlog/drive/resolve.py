@@ -81,7 +81,7 @@ def _when_lanes(lane: Any, state: Any, n_systems: int | None, names: set[str],
         return []
     try:
         if lane.when_values:
-            flag = jax.eval_shape(lambda st: lane.when(st, values(st)), state)  # type: ignore[misc]
+            flag = jax.eval_shape(lambda st: lane.when(st, values(st)), state)
         else:
             flag = jax.eval_shape(lane.when, state)
     except Exception:  # the program reports a when= that fails, with the record named
