@@ -144,6 +144,7 @@ def test_when_keeps_exactly_the_accepted_samples_of_a_python_loop(chunk):
     np.testing.assert_allclose(run.trajectory["sample"], kept, rtol=1e-6)
     np.testing.assert_allclose(run.state, last, rtol=1e-6)
     assert run.trajectory.records == ("sample",)
+    assert set(run.cost.views) == {"sample"} and run.cost.flops > 0
 
 
 @pytest.mark.parametrize("chunk", [None, 1, 7])
@@ -184,6 +185,7 @@ def test_batched_chains_keep_their_own_accepted_samples(tmp_path):
         np.testing.assert_array_equal(run.trajectory["sample"], runs[0].trajectory["sample"])
         np.testing.assert_array_equal(run.trajectory.steps("sample"), runs[0].trajectory.steps("sample"))
         np.testing.assert_array_equal(run.trajectory["when/sample"], runs[0].trajectory["when/sample"])
+    assert set(runs[0].cost.views) == {"sample"}  # the view's cost; the flags come from the step's values
     flags = runs[0].trajectory["when/sample"]
     assert flags.shape[1] == n and not flags.all() and flags.any(axis=1).all()
     loaded = jl.load(tmp_path / "chains1.h5")
