@@ -118,6 +118,7 @@ class ResumePoint:
     source: Path
     step: int
     meta: CheckpointMeta
+    run_meta: dict = field(default_factory=dict)  # the run's meta= (traj.meta), kept by the resumed run
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,7 @@ def prepare(path: str | os.PathLike, from_step: int | None, *, filtered: frozens
     if source.exists():
         source.unlink()
     os.link(path, source)
-    return Resumable(point=ResumePoint(source=source, step=found.step, meta=found.meta), checkpoint=found)
+    return Resumable(point=ResumePoint(source=source, step=found.step, meta=found.meta, run_meta=traj.meta), checkpoint=found)
 
 
 RESUME_MARK = ".resume-"  # the old file's second name during a resume: .<name>.resume-<pid>

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import jax
@@ -11,9 +11,11 @@ import jax.numpy as jnp
 
 from ..check.invariants import as_list, check_on_violation
 from ..errors import JaxlogError
+from ..record.runmeta import check_meta
 from ..record.schedule import Schedule, as_schedule, check_count
 from .checkpoint import ResumePoint
 from .lanes import lanes_of
+from .predicates import takes_values
 from .program import Lane
 from .resolve import log_schedules
 
@@ -47,6 +49,8 @@ class RunConfig:
     resume: ResumePoint | None = None  # set by jl.resume
     logs: tuple[tuple[str, Schedule], ...] = ()  # logs=: (name, schedule); names not listed: every step
     log_capacity: int | None = None
+    until_values: bool = False  # until= takes (state, values): the step's aux and logs (see drive.predicates)
+    meta: dict = field(default_factory=dict)  # meta=: the run's JSON metadata (see record.runmeta)
 
     @property
     def keyed(self) -> bool:
@@ -61,7 +65,7 @@ def configure(step: Callable, state: Any, steps: int, *, record: Any, invariants
               chunk: int | None, profile: Any, has_aux: bool, aux: Any, batched: bool | int, until: Callable | None,
               on_violation: str, postmortem: int, progress: Any, chunk_budget_bytes: int, timeline: Any,
               donate: bool, start_step: int, logs: Any, log_capacity: int | None, checkpoint: Any,
-              resume: ResumePoint | None = None) -> RunConfig:
+              resume: ResumePoint | None = None, meta: Any = None) -> RunConfig:
     """``jl.run``'s arguments (its defaults are in its signature) checked, as a :class:`RunConfig`;
     ``state`` only to say when it looks swapped with ``step``; ``resume``: the checkpoint
     ``jl.resume`` continues from."""
@@ -86,7 +90,19 @@ def configure(step: Callable, state: Any, steps: int, *, record: Any, invariants
                      on_violation=check_on_violation(on_violation), postmortem=int(postmortem), progress=progress,
                      budget=int(chunk_budget_bytes), timeline=timeline, donate=bool(donate),
                      logs=log_schedules(logs), log_capacity=log_capacity,
-                     checkpoint=None if checkpoint is None else as_schedule(checkpoint, "checkpoint="), resume=resume)
+                     checkpoint=None if checkpoint is None else as_schedule(checkpoint, "checkpoint="), resume=resume,
+                     until_values=takes_values(until, "until="), meta=_meta(meta, resume))
+
+
+def _meta(meta: Any, resume: ResumePoint | None) -> dict:
+    """``meta=`` checked; a resumed run keeps the file's (a ``meta=`` that differs is refused)."""
+    mine = None if meta is None else check_meta(meta)
+    if resume is None:
+        return mine or {}
+    if mine is not None and mine != resume.run_meta:
+        raise JaxlogError(f"resume(): meta= differs from the metadata of the run in the file ({resume.run_meta!r}): "
+                          f"a resumed run keeps the file's; leave meta= out")
+    return dict(resume.run_meta)
 
 
 def as_key(key: Any) -> Any:

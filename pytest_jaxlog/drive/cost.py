@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from ..profiling.cost import Cost, cost
 from . import program
+from .resolve import WhenFlags
 
 
 def run_cost(chunk_program: Any) -> Cost | None:
@@ -34,7 +35,9 @@ def run_cost(chunk_program: Any) -> Cost | None:
         new, aux, _ = program.apply_logged(bare, key, k, st)
         return new, aux
 
+    # every view of the state (one kept by what the step computed too; not such a when='s flags,
+    # which are no view of the state)
     views = {lane.name: cost(lambda st, lane=lane: lane.read(st, None), state)
-             for lane in plan.lanes if not lane.from_step}
+             for lane in plan.lanes if lane.view is not None and not (lane.when_values and isinstance(lane.view, WhenFlags))}
     step = cost(one_step, key, jax.ShapeDtypeStruct((), jnp.int32), state)
     return dataclasses.replace(step, views=views)

@@ -42,6 +42,7 @@ from ..errors import JaxlogError
 from .fingerprint import Program, fingerprint, value_of
 from ..logs import calls_made, collect, jaxpr_has_logs
 from .memo import Cache
+from .predicates import ValueSource, Values
 from .resolve import LoggingView
 from .shards import place
 
@@ -208,11 +209,12 @@ class Canonical(NamedTuple):
 
 
 def canonical(step: Callable, lanes: tuple, until: Callable | None, state: Any, key: Any,
-              n_systems: Callable[[], int | None], capacity: int | None) -> Canonical:
+              n_systems: Callable[[], int | None], capacity: int | None,
+              values: ValueSource | None = None) -> Canonical:
     """The run's functions as canonical callables, traced on ``state``'s types (the step with
     its per-step key's first, where ``key`` is given; ``n_systems()``: the batched run's number
-    of systems). Kept per function objects and signature: a run with the same objects traces
-    nothing again."""
+    of systems; predicates that take the step's values with ``values``' shapes too). Kept per
+    function objects and signature: a run with the same objects traces nothing again."""
     leaves, treedef = jax.tree_util.tree_flatten(state)
     avals = (treedef, tuple(jax.typeof(x) for x in leaves))
     n = None if key is None else n_systems()  # the step's key: one per system in batched runs
@@ -224,16 +226,37 @@ def canonical(step: Callable, lanes: tuple, until: Callable | None, state: Any, 
         if key is not None:
             step_args = (_KEY_AVALS.memo(sig[1], lambda: jax.eval_shape(lambda kk: step_key(kk, 0, n), key)), st)
         one = lambda fn, args: _canonical_one(fn, args, (sig, len(args)), capacity)  # noqa: E731
+        pred = _predicates(st, sig, capacity, values, lanes)
         # a fresh kernel per place in the plan: the chunk program binds constants to places
         new_lanes = tuple(dataclasses.replace(
             ln, view=None if ln.view is None else _as_view(_placed(one(ln.view, (st,))), capacity),
-            when=None if ln.when is None else _placed(one(ln.when, (st,)))) for ln in lanes)
+            when=None if ln.when is None else _placed(pred(ln.when, ln.when_values))) for ln in lanes)
         new_step = _placed(one(step, step_args))
-        new_until = None if until is None else _placed(one(until, (st,)))
+        new_until = None if until is None else _placed(pred(until, values is not None and values.until))
         consts = tuple(k.consts for k in slots(new_step, new_until, new_lanes))
         return (step, lanes, until), Canonical(new_step, new_lanes, new_until, consts)
 
-    return _CANONICAL.memo((id(step), id(lanes), id(until), sig, capacity), make)[1]
+    return _CANONICAL.memo((id(step), id(lanes), id(until), sig, capacity, None if values is None else values.key),
+                           make)[1]
+
+
+def _predicates(st: Any, sig: tuple, capacity: int | None, values: ValueSource | None,
+                lanes: tuple) -> Callable[[Callable, bool], Callable]:
+    """``(predicate, takes values) -> its canonical callable``: a state predicate traced on the
+    state, a values one on the state and the step's values (their shapes found once, where some
+    predicate takes them); one whose values cannot be found stays as it is (the run says why)."""
+    shapes = None
+    if values is not None and (values.until or any(ln.when_values for ln in lanes)):
+        shapes = values.shapes()
+
+    def pred(fn: Callable, takes: bool) -> Callable:
+        if not takes:
+            return _canonical_one(fn, (st,), (sig, 1), capacity)
+        if shapes is None:
+            return fn
+        typed = tuple((k, tuple(v.shape), str(v.dtype)) for k, v in sorted(shapes.items()))
+        return _canonical_one(fn, (st, Values(shapes)), (sig, 2, typed), capacity)
+    return pred
 
 
 def _as_view(fn: Callable, capacity: int | None) -> Callable:

@@ -9,6 +9,7 @@ from ..errors import JaxlogError
 from ..record.records import AUX, LOG, check_name, normalize_records
 from ..record.schedule import Schedule, as_schedule
 from .memo import Cache
+from .predicates import takes_values
 from .program import Lane
 from .resolve import AUX_SCHEDULE, LOG_SCHEDULE
 
@@ -35,7 +36,8 @@ def lanes_of(record: Any, has_aux: bool, aux: Any) -> tuple[Lane, ...]:
 
 
 def _make_lanes(record: Any, has_aux: bool, aux: Any) -> tuple[Lane, ...]:
-    lanes = [Lane(s.name, s.schedule, view=s.view, when=s.when) for s in normalize_records(record, reserved=(AUX, LOG))]
+    lanes = [Lane(s.name, s.schedule, view=s.view, when=s.when, when_values=takes_values(s.when, f"record {s.name!r}: when="))
+             for s in normalize_records(record, reserved=(AUX, LOG))]
     if aux is not None and not has_aux:
         raise JaxlogError("aux= chooses aux leaves to record, but has_aux=False: the step returns only the state")
     if has_aux:

@@ -23,6 +23,7 @@ from ..errors import JaxlogError, hide_frame_from_checks
 from ..profiling.timeline import now_ns
 from ..profiling.timings import CompileTracker
 from ..profiling.window import check_windows
+from ..record import runmeta
 from . import program, shards
 from .checkpoint import check_against
 from .checkpointer import Checkpointer, resume_into
@@ -140,6 +141,8 @@ class RunLoop:
         meta = {"driver": "run", "steps": cfg.steps, "start_step": cfg.start_step, "chunk": self.chunk, "dt": cfg.dt,
                 "has_aux": cfg.has_aux, "batched": cfg.batched is not False, "keyed": cfg.keyed,
                 "until": cfg.until is not None}
+        if cfg.meta:  # meta=: the run's own metadata, read back as traj.meta (see record.runmeta)
+            meta[runmeta.KEY] = cfg.meta
         self.layout = None  # a run over several processes: who writes which block of each record
         if shards.process_count() > 1:
             if cfg.checkpoint is not None or cfg.resume is not None:
@@ -462,5 +465,5 @@ class RunLoop:
         self.result = make_run(state=state, steps_done=steps_done, timings=timings, violation=violation,
                                artifacts=artifacts, schema=self.schema, chunk=self.chunk, status=status,
                                stop_reason=stop_reason, systems_done=self.systems_done, sinks=self.pipe,
-                               chunk_program=self.chunk_program)
+                               chunk_program=self.chunk_program, meta=self.cfg.meta)
         return self.result

@@ -65,7 +65,8 @@ from ..record.schedule import Schedule
 from ..logs import collect, collected_shapes
 from .identity import step_key, with_consts
 from .memo import Cache
-from .resolve import check_system_axes, view_values, flatten_view
+from .predicates import ask, step_values
+from .resolve import WhenFlags, check_system_axes, view_values, flatten_view
 
 INT32_MAX = 2**31 - 1
 RECORD_INITIAL = 1  # flags: record the initial state's frame (row 0 / the first slot)
@@ -76,7 +77,8 @@ CHECK_INITIAL = 2  # flags: evaluate until= on the initial state
 class Lane:
     """Record leaves taken together: a view of the state (``view``), the aux leaves under
     ``aux_paths`` or the step's ``jl.log`` values under ``log_paths``, on one schedule, optionally
-    only where ``when(state)`` holds. Hashable from its parts, so equal runs share one compiled
+    only where ``when(state)`` holds (``when_values``: ``when(state, values)``, the step's aux and
+    logs; see ``drive.predicates``). Hashable from its parts, so equal runs share one compiled
     program."""
 
     name: str
@@ -85,6 +87,7 @@ class Lane:
     aux_paths: tuple[str, ...] | None = None
     when: Callable | None = None
     log_paths: tuple[str, ...] | None = None
+    when_values: bool = False  # when= takes (state, values): kept only at states a step computed
 
     @property
     def from_aux(self) -> bool:
@@ -92,11 +95,15 @@ class Lane:
 
     @property
     def from_step(self) -> bool:
-        """Read from what the step returns or logs (not a view of the state)."""
-        return self.aux_paths is not None or self.log_paths is not None
+        """Read from what the step returns or logs (not a view of the state), or kept by what it
+        computed (a ``when=`` that takes values: no frame of the initial state, and recorded in the
+        loop that has the step's values at hand)."""
+        return self.aux_paths is not None or self.log_paths is not None or self.when_values
 
     def read(self, state: Any, aux: Any, logs: Any = None) -> dict[str, Any]:
         """``{record path: value}`` of this lane at one step."""
+        if self.when_values and isinstance(self.view, WhenFlags):  # a batched when='s flags, from the step's values
+            return flatten_view(self.name, self.view(state, self.values(aux, logs)))
         if self.log_paths is not None:
             flat = flatten_view(LOG, logs)
             return {p: v for p, v in flat.items() if _selected(p, self.log_paths)}
@@ -104,6 +111,11 @@ class Lane:
             return view_values(self.name, self.view, state)
         flat = flatten_view(AUX, aux)
         return {p: v for p, v in flat.items() if _selected(p, self.aux_paths)}
+
+    def values(self, aux: Any, logs: Any) -> dict[str, Any] | None:
+        """What this lane's ``when=`` is given beside the state: the step's values, or None
+        (a state predicate)."""
+        return step_values(aux, logs) if self.when_values else None
 
     @property
     def in_loop_every_step(self) -> bool:
@@ -136,6 +148,7 @@ class Plan:
     row_buffers: tuple[tuple[str, tuple[str, ...]], ...] = ()
     collect: bool = False  # the step calls jl.log: run it under the collector
     log_capacity: int | None = None  # capacity of logs inside while loops that give none
+    until_values: bool = False  # until= takes (state, values): the step's aux and logs (see drive.predicates)
     _hash: int = dataclasses.field(init=False, repr=False, compare=False)  # see __post_init__
 
     def __post_init__(self):  # jit hashes its static argument on every call: hash the lanes once
@@ -340,11 +353,12 @@ def _call_step(plan: Plan, key: Any, k: Any, state: Any) -> tuple[Any, Any]:
     return out, None
 
 
-def until_flags(plan: Plan, state: Any) -> Any:
-    """``until(state)`` as a bool scalar, or one bool per system in batched runs."""
+def until_flags(plan: Plan, state: Any, values: dict | None = None) -> Any:
+    """``until(state)`` (``until(state, values)`` where it takes the step's values) as a bool
+    scalar, or one bool per system in batched runs."""
     if plan.n_systems is not None:
         check_system_axes(state, plan.n_systems)
-    flag = jnp.asarray(plan.until(state))
+    flag = jnp.asarray(ask(plan.until, state, (values or {}) if plan.until_values else None, "until="))
     want = () if plan.n_systems is None else (plan.n_systems,)
     if flag.dtype != jnp.bool_ or flag.shape != want:
         what = "one bool" if not want else f"one bool per system, shape ({plan.n_systems},)"
@@ -409,12 +423,14 @@ def live_at(stopped: Any, k: Any) -> Any:
     return (stopped < 0) | (stopped >= k)
 
 
-def when_flag(lane: Lane, state: Any, plan: Plan | None = None, live: Any = None) -> Any:
+def when_flag(lane: Lane, state: Any, plan: Plan | None = None, live: Any = None, values: dict | None = None) -> Any:
     """Whether ``lane`` keeps ``state``'s row. In batched runs (``plan.n_systems``) ``when=`` may
     return one bool per system: the row is kept where it holds for a system that is ``live``
     (not stopped by ``until=`` before this step). With per-system ``until=`` it must: one bool
-    for all systems cannot leave a finished system's frozen state out."""
-    flag = jnp.asarray(lane.when(state))
+    for all systems cannot leave a finished system's frozen state out. ``values``: the step's,
+    for a ``when=`` that takes them."""
+    what = f"record {lane.name!r}: when="
+    flag = jnp.asarray(ask(lane.when, state, (values or {}) if lane.when_values else None, what))
     n = None if plan is None else plan.n_systems
     if n is not None and flag.dtype == jnp.bool_ and flag.shape == (n,):
         return jnp.any(flag if live is None else flag & live)
@@ -527,7 +543,7 @@ def chunk_impl(plan: Plan, state, bufs, key, ctl: Control, counts, masks, stoppe
     if plan.initial:  # the initial state's frame: row 0 of row buffers, the first slot of compact ones
         dense, compact, counts = lax.cond(ctl.record_initial, functools.partial(loop.first_frame, state, stopped),
                                           lambda a: a, (dense, compact, counts))
-    if plan.until is not None:
+    if plan.until is not None and not plan.until_values:  # a values until= is first asked about step 1
         done, stopped = lax.cond(ctl.check_initial, functools.partial(loop.first_until, state), lambda a: a,
                                  (done, stopped))
     carry = (jnp.int32(0), state, done, stopped, dense, compact, counts)
@@ -596,7 +612,7 @@ class _ChunkLoop:
             if plan.n_systems is not None:  # the systems done before this step: its results are thrown away
                 new = _freeze(plan, done, st, new)
                 aux, logs = _invalidate(plan, done, aux), _invalidate(plan, done, logs)
-            now = until_flags(plan, new)
+            now = until_flags(plan, new, step_values(aux, logs) if plan.until_values else None)
             stopped = jnp.where(now & ~done, k + 1, stopped)
             done = done | now
         return new, aux, logs, done, stopped
@@ -639,7 +655,7 @@ class _ChunkLoop:
         for (i, m), (buf, steps), count in zip(plan.compact, compact, counts):
             take = self.mask_of[i][j] if i in self.mask_of else self.tests[i](k + 1)
             if lanes[i].when is not None:
-                take = take & when_flag(lanes[i], st, plan, live_at(stopped, k + 1))
+                take = take & when_flag(lanes[i], st, plan, live_at(stopped, k + 1), lanes[i].values(aux, logs))
 
             def write(args, i=i):
                 buf, steps, count = args

@@ -31,6 +31,7 @@ from .pipeline import Pipeline
 from .resolve import resolve
 from .signals import sigterm_as_interrupt
 from . import program
+from .predicates import takes_values
 from .program import Lane
 
 __all__ = ["Recorder"]
@@ -72,7 +73,7 @@ class Recorder:
                  buffer_bytes: int = BUFFER_BYTES, log_capacity: int | None = None):
         self.flush_every = check_count(flush_every, "flush_every", minimum=1)
         self.buffer_bytes = check_count(buffer_bytes, "buffer_bytes", minimum=1)
-        self.specs = tuple(Lane(s.name, s.schedule, view=s.view, when=s.when)
+        self.specs = tuple(Lane(s.name, s.schedule, view=s.view, when=_state_predicate(s.name, s.when))
                            for s in normalize_records(record, reserved=(AUX, LOG)))
         self.log_capacity = None if log_capacity is None else check_count(log_capacity, "log_capacity", minimum=1,
                                                                           none="or None")
@@ -441,6 +442,18 @@ class _ShapeChange(Exception):
     def __init__(self, path, detail):
         super().__init__(path, detail)
         self.path, self.detail = path, detail
+
+
+def _state_predicate(name: str, when: Any) -> Any:
+    """A Recorder record's ``when=``: a predicate of the state handed to ``log()``. One that takes
+    the step's values (``when=lambda s, v: ...``) is refused: a hand-written loop's step is not
+    the recorder's, so it has no aux or logs of it to give."""
+    if takes_values(when, f"record {name!r}: when="):
+        raise JaxlogError(f"record {name!r}: when= takes (state, values), but a Recorder sees only the state "
+                          f"each log(state, step) is given, not what the loop's step computed: decide on the "
+                          f"state (put the value in it), or run the step with jl.run, whose when= gets the step's "
+                          f"aux and logs")
+    return when
 
 
 def _eval_views(key: _LogKey, state, logs=None) -> tuple:

@@ -18,6 +18,7 @@ from . import identity, program
 from .config import RunConfig
 from .lanes import log_lanes
 from .memo import Cache
+from .predicates import ValueSource, Values, step_values
 from .program import Plan
 from .resolve import n_systems_of, resolve, short_error
 
@@ -89,7 +90,7 @@ class Resolved(NamedTuple):
 def resolve_run(cfg: RunConfig, state) -> Resolved:
     """The run's :class:`Resolved`, from the cache when the step, records and state types were seen."""
     canon = identity.canonical(cfg.step, cfg.lanes, cfg.until, state, cfg.key,  # equal where they compute the same
-                               lambda: n_systems_of(state, cfg.batched), cfg.log_capacity)
+                               lambda: n_systems_of(state, cfg.batched), cfg.log_capacity, _value_source(cfg, state))
     ck = (canon.step, canon.lanes, _aval_key(state), _aval_key(cfg.key), cfg.has_aux, cfg.batched, canon.until,
           cfg.dt, cfg.logs, cfg.log_capacity)
     try:
@@ -100,7 +101,7 @@ def resolve_run(cfg: RunConfig, state) -> Resolved:
         return hit if hit.consts is canon.consts else hit._replace(consts=canon.consts)
     plan = Plan(step=canon.step, lanes=canon.lanes, dense=(), compact=(), initial=(), host_masks=(),
                 has_aux=cfg.has_aux, keyed=cfg.keyed, n_systems=n_systems_of(state, cfg.batched), until=canon.until,
-                length=0, collect=True, log_capacity=cfg.log_capacity)
+                length=0, collect=True, log_capacity=cfg.log_capacity, until_values=cfg.until_values)
 
     def traced_step(st):  # through the collector: the step's output and what it logs
         return program.apply_logged(plan, cfg.key, jnp.int32(0), st)
@@ -112,22 +113,58 @@ def resolve_run(cfg: RunConfig, state) -> Resolved:
     except Exception as e:
         raise JaxlogError(f"the step function failed on the state: {short_error(e)}{_hint(cfg)}") from None
     check_carry(state, out_shape[0], cfg)
+    values = step_values(out_shape[1], out_shape[2])
     if cfg.until is not None:
         try:
-            jax.eval_shape(lambda st: program.until_flags(plan, st), state)
+            jax.eval_shape(lambda st, v: program.until_flags(plan, st, v), state, values)
         except JaxlogError:
             raise
         except Exception as e:
             raise JaxlogError(f"until= failed on the state: {short_error(e)}") from None
+    check_when_values(plan, canon.lanes, state, values)
     plan = dataclasses.replace(plan, lanes=log_lanes(canon.lanes, cfg.logs, sorted(out_shape[2])),
                                collect=bool(out_shape[2]))
     aux_fn = (lambda st: traced_step(st)[1]) if cfg.has_aux else None
     found = resolve(plan.lanes, state, aux=aux_fn, logs=lambda st: traced_step(st)[2], batched=cfg.batched,
-                    dt=cfg.dt, log_capacity=cfg.log_capacity)
+                    dt=cfg.dt, log_capacity=cfg.log_capacity,
+                    values=lambda st: Values(step_values(*traced_step(st)[1:])))
     plan, schema = dataclasses.replace(plan, lanes=found.lanes), found.schema
     shapes = tuple({leaf.path: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in mine} for mine in found.per_lane)
     resolved = Resolved(plan, schema, shapes, sum(x.nbytes for x in jax.tree_util.tree_leaves(state)), canon.consts)
     return resolved if ck is None else _RESOLVED.put(ck, resolved)
+
+
+def _value_source(cfg: RunConfig, state) -> ValueSource | None:
+    """Where the run's predicates that take the step's values find their shapes (None: none
+    takes them, nothing more is traced)."""
+    if not cfg.until_values and not any(ln.when_values for ln in cfg.lanes):
+        return None
+
+    def shapes() -> dict | None:
+        plan = Plan(step=cfg.step, lanes=(), dense=(), compact=(), initial=(), host_masks=(), has_aux=cfg.has_aux,
+                    keyed=cfg.keyed, n_systems=n_systems_of(state, cfg.batched), until=None, length=0,
+                    collect=True, log_capacity=cfg.log_capacity)
+        try:
+            _, aux, logs = program.logged_shapes(plan, cfg.key, jnp.int32(0), state)
+        except Exception:  # the step does not trace: resolving the run says why
+            return None
+        return step_values(aux, logs)
+    return ValueSource(shapes=shapes, key=cfg.has_aux, until=cfg.until_values)
+
+
+def check_when_values(plan: Plan, lanes: tuple, state, values: dict) -> None:
+    """Each ``when=`` that takes the step's values, asked once on their shapes: a missing key or
+    a flag of the wrong type is said before the run, with the record named."""
+    for lane in lanes:
+        if not lane.when_values:
+            continue
+        try:
+            jax.eval_shape(lambda st, v, ln=lane: program.when_flag(ln, st, plan, values=v), state, values)
+        except JaxlogError:
+            raise
+        except Exception as e:
+            raise JaxlogError(f"record {lane.name!r}: when= failed on the state and the step's values: "
+                              f"{short_error(e)}") from None
 
 
 def programs_of(resolved: Resolved) -> dict | None:

@@ -67,17 +67,23 @@ class WhenFlags:
 
     when: Callable
 
-    def __call__(self, state: Any) -> Any:
-        return self.when(state)
+    def __call__(self, state: Any, values: Any = None) -> Any:
+        """The flags; ``values``: the step's, for a ``when=`` that takes them."""
+        return self.when(state) if values is None else self.when(state, values)
 
 
-def _when_lanes(lane: Any, state: Any, n_systems: int | None, names: set[str]) -> list:
+def _when_lanes(lane: Any, state: Any, n_systems: int | None, names: set[str],
+                values: Callable[[Any], dict] | None = None) -> list:
     """The ``"when/<record>"`` lane of a batched view lane whose ``when=`` returns one bool per
-    system (none otherwise: one bool keeps or drops a row for every system alike)."""
-    if n_systems is None or lane.when is None or lane.from_step or lane.log_paths is not None:
+    system (none otherwise: one bool keeps or drops a row for every system alike). ``values``:
+    ``state -> the step's values``, for a ``when=`` that takes them."""
+    if n_systems is None or lane.when is None or lane.aux_paths is not None or lane.log_paths is not None:
         return []
     try:
-        flag = jax.eval_shape(lane.when, state)
+        if lane.when_values:
+            flag = jax.eval_shape(lambda st: lane.when(st, values(st)), state)
+        else:
+            flag = jax.eval_shape(lane.when, state)
     except Exception:  # the program reports a when= that fails, with the record named
         return []
     if getattr(flag, "shape", None) != (n_systems,) or getattr(flag, "dtype", None) != jnp.bool_:
@@ -312,13 +318,15 @@ class Resolution:
 
 def resolve(lanes: Sequence[Any], state: Any, *, aux: Callable[[Any], Any] | None = None,
             logs: Callable[[Any], Any] | None = None, batched: bool | int = False, dt: float | None = None,
-            abstract: bool = True, log_capacity: int | None = None) -> Resolution:
+            abstract: bool = True, log_capacity: int | None = None,
+            values: Callable[[Any], Any] | None = None) -> Resolution:
     """The schema of ``lanes`` (``drive.program.Lane``: views, aux leaves of ``aux(state)``, the
     step's aux output, or logged values of ``logs(state)``, what the step logs) evaluated on
     ``state``: traced with the state abstract, as the run will (``abstract=False``: a Recorder
     state that is not a pytree of arrays, which its views see as it is). A view that calls
     ``jl.log`` is found by the trace that gives its shapes (each view is traced once unless it
-    logs) and wrapped in :class:`LoggingView` with ``log_capacity``: its logs are recorded too."""
+    logs) and wrapped in :class:`LoggingView` with ``log_capacity``: its logs are recorded too.
+    ``values``: ``state -> the step's values`` as a ``when=`` that takes them gets them."""
     n_sys = n_systems_of(state, batched)
     if abstract:  # a run may store its state (checkpoints, post-mortem): under paths a file can hold
         leaf_paths("state", [kp for kp, _ in jax.tree_util.tree_flatten_with_path(state)[0]])
@@ -327,13 +335,17 @@ def resolve(lanes: Sequence[Any], state: Any, *, aux: Callable[[Any], Any] | Non
     per_lane: list[tuple[LeafSpec, ...]] = []
     if abstract:
         names = {ln.name for ln in lanes}
-        lanes = [x for ln in lanes for x in (ln, *_when_lanes(ln, state, n_sys, names))]
+        lanes = [x for ln in lanes for x in (ln, *_when_lanes(ln, state, n_sys, names, values))]
     for lane in lanes:
         if lane.log_paths is not None and lane.schedule is LEFT_OUT:  # logs={"x": False}: not recorded
             continue
         if lane.log_paths is not None:
             mine = lane_leaves(lane.name, LOG, lane.schedule,
                                lambda st=state, ln=lane: ln.read(None, None, logs(st)), args, n_sys, "log").leaves
+        elif isinstance(lane.view, WhenFlags) and lane.when_values:  # per-system flags from the step's values
+            mine = lane_leaves(lane.name, lane.name, lane.schedule,
+                               lambda st=state, ln=lane: flatten_view(ln.name, ln.view(st, values(st))), args, n_sys,
+                               "record").leaves
         elif lane.from_aux:
             if aux is None:
                 raise JaxlogError("aux= selects aux leaves, but the step has no aux output (has_aux=True)")

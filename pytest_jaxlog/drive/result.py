@@ -24,7 +24,8 @@ class Run:
     ``stop_reason``: ``"until"`` (the ``until=`` predicate held), ``"steps"`` (all steps ran),
     ``"violation"`` (an invariant stopped it) or ``"interrupted"`` (an exception, Ctrl-C,
     SIGTERM). ``systems_done``: in batched runs with ``until=``, the step at which each system
-    finished (``steps_done`` for those that never did)."""
+    finished (``steps_done`` for those that never did). ``meta``: what ``meta=`` gave (``{}``
+    without it; a resumed run's, the file's)."""
 
     state: Any
     steps_done: int
@@ -36,6 +37,7 @@ class Run:
     status: str = "complete"
     stop_reason: str = "steps"
     systems_done: np.ndarray | None = None
+    meta: dict = field(default_factory=dict)  # meta=: the run's JSON metadata, as the file keeps it
     # the driver's, set by make_run: the run's sinks, its trajectory once read, and the chunk
     # program it dispatched (jitted chunk, plan, its arguments' program.Signature)
     _sinks: Any = field(default=None, init=False, repr=False, compare=False)
@@ -67,11 +69,11 @@ class Run:
 
 def make_run(*, state: Any, steps_done: int, timings: Any, violation: Any, artifacts: dict, schema: Schema,
              chunk: int, status: str, stop_reason: str, systems_done: np.ndarray | None, sinks: Any,
-             chunk_program: Any) -> Run:
+             chunk_program: Any, meta: dict | None = None) -> Run:
     """The one place a :class:`Run` is made, finished or partial: with the sinks its trajectory
     is read from and the chunk program ``compiled_chunk()`` compiles."""
     run = Run(state, steps_done, timings, violation, artifacts, schema, chunk, status, stop_reason=stop_reason,
-              systems_done=systems_done)
+              systems_done=systems_done, meta=dict(meta or {}))
     run._sinks, run._chunk_program = sinks, chunk_program
     return run
 

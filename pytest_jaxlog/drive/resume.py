@@ -28,6 +28,7 @@ def resume(path: str | os.PathLike, step: Callable, steps: int, *, like: Any = N
     up to the checkpoint are copied into a new file that replaces the old one only once it is
     valid, and the run goes on from the checkpoint's state and step. ``writer``: keyword arguments
     of the file's ``jl.HDF5Writer``; ``sinks``: more sinks, which get the whole trajectory too.
+    The run's ``meta=`` is the file's (``traj.meta``): one given that differs is refused.
     """
     from ..store.hdf5 import HDF5Writer
 

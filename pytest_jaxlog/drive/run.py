@@ -36,7 +36,7 @@ def run(step: Callable, state: Any, steps: int, *, record: Any = None, invariant
         aux: Any = None, batched: bool | int = False, until: Callable | None = None, on_violation: str = "raise",
         postmortem: int = 3, progress: Any = None, chunk_budget_bytes: int = DEFAULT_BUDGET, timeline: Any = None,
         donate: bool = True, start_step: int = 0, logs: Any = None, log_capacity: int | None = None,
-        checkpoint: Any = None) -> Run:
+        checkpoint: Any = None, meta: dict | None = None) -> Run:
     """Run up to ``steps`` applications of ``step`` on ``state`` on the device, recording as scheduled.
 
     ``step(state)``, or ``step(key_k, state)`` with ``key_k = fold_in(key, k)`` for the work of step
@@ -62,6 +62,10 @@ def run(step: Callable, state: Any, steps: int, *, record: Any = None, invariant
     ``checkpoint=jl.every(n)``: at those steps the file sinks also keep what the run needs to go on
     (state, key, invariants' running state, ``until`` flags): ``jl.resume`` continues from the
     newest bit-for-bit. A Ctrl-C or SIGTERM then writes one more at the last chunk boundary.
+
+    ``meta={...}``: the run's metadata as JSON (strings, numbers, bools, None, lists, dicts: a
+    configuration, a convergence message), kept in the file, read back as ``traj.meta`` and
+    ``run.meta``, listed in the pytest manifest; a resumed run keeps the file's.
 
     Steps are numbered from ``start_step`` (a resumed run continues the numbering and the key
     folding; its initial state is not recorded again). ``chunk=None``: see :func:`auto_chunk`.
@@ -91,7 +95,7 @@ def run(step: Callable, state: Any, steps: int, *, record: Any = None, invariant
                     chunk=chunk, profile=profile, has_aux=has_aux, aux=aux, batched=batched, until=until,
                     on_violation=on_violation, postmortem=postmortem, progress=progress,
                     chunk_budget_bytes=chunk_budget_bytes, timeline=timeline, donate=donate, start_step=start_step,
-                    logs=logs, log_capacity=log_capacity, checkpoint=checkpoint)
+                    logs=logs, log_capacity=log_capacity, checkpoint=checkpoint, meta=meta)
     return _execute(RunLoop(cfg, *_clock()), state)
 
 

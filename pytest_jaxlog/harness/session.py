@@ -68,6 +68,7 @@ class RunNote:
     stop_reason: str | None = None  # jl.run: until | steps | violation | interrupted; error (status failed)
     from_cache: int = 0  # of the compiles, loaded from JAX's persistent compilation cache
     reused: int = 0  # programs the run ran that this process had compiled before (an equal kernel's)
+    meta: dict = field(default_factory=dict)  # jl.run(meta=...): the run's JSON metadata
 
     def line(self) -> str:
         rate = "" if self.steps_per_s is None else f", {self.steps_per_s:.4g} steps/s"
@@ -163,6 +164,7 @@ class TestState:
             stop_reason=reason if isinstance(reason, str) else None,
             from_cache=int(getattr(t, "from_cache", 0) or 0),
             reused=int(getattr(t, "reused", 0) or 0),
+            meta=dict(meta) if isinstance(meta := getattr(obj, "meta", None), dict) else {},
         ))
 
     def drop_example(self, d: Path) -> None:

@@ -78,15 +78,19 @@ def _caller() -> str:
     return f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"
 
 
+_META_ADVICE = ("a string or other Python value that describes the run (a configuration, a convergence "
+                "message) goes in jl.run(..., meta={...}), kept as JSON in the file and read back as traj.meta")
+
+
 def _as_leaf(name: str, where: str, what: str, leaf: Any) -> Any:
     if isinstance(leaf, (str, bytes)) or leaf is None:
-        raise JaxlogError(f"log {name!r} at {where}: {what} {leaf!r} is not an array "
-                          "(log arrays or numbers; keep strings and objects out of logs)")
+        raise JaxlogError(f"log {name!r} at {where}: {what} {leaf!r:.60} is not an array "
+                          f"(log arrays or numbers; keep strings and objects out of logs: {_META_ADVICE})")
     try:
         arr = leaf if isinstance(leaf, jax.Array) else jnp.asarray(leaf)
     except (TypeError, ValueError) as e:
         raise JaxlogError(f"log {name!r} at {where}: {what} of type {type(leaf).__name__} is not an "
-                          f"array ({e})") from None
+                          f"array ({e}; {_META_ADVICE})") from None
     if jax.dtypes.issubdtype(arr.dtype, jax.dtypes.prng_key):
         return jax.random.key_data(arr)
     dt = np.dtype(arr.dtype)

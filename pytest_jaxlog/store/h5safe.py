@@ -230,3 +230,19 @@ def read_rows_unchecked(ds: h5py.Dataset, start: int, stop: int) -> np.ndarray |
         where = tuple(slice(o, min(o + c, n)) for o, c, n in zip(offset[1:], chunks[1:], shape[1:]))
         out[(slice(None), *where)] = block[(slice(0, stop - start), *(slice(0, w.stop - w.start) for w in where))]
     return out
+
+
+def check_attr_size(obj: Any, key: str, limit: int, file: Path, where: str) -> None:
+    """Refuse, before reading it, an attribute whose declared size passes ``limit`` bytes: a
+    crafted header can declare a string of any length, and reading it allocates that much. A
+    variable-length string's text lives in the file's heap, no larger than the file."""
+    try:
+        if key not in obj.attrs:
+            return
+        aid = obj.attrs.get_id(key)
+        declared = int(aid.dtype.itemsize) * int(aid.get_space().get_simple_extent_npoints())
+    except Exception as exc:  # noqa: BLE001  (a header that cannot be described is a bad file, said so)
+        raise JaxlogError(f"{file}: cannot read attribute {key!r} of {where} ({type(exc).__name__}: {exc})") from None
+    if declared > limit:
+        raise JaxlogError(f"{file}: attribute {key!r} of {where} declares {declared} bytes, more than the {limit} "
+                          f"this reader takes: the file is damaged or hostile")

@@ -292,7 +292,7 @@ def read_index(path: Path, schema: Schema, info: dict, load_part: Callable[[Path
     parts = []
     for i, f in enumerate(files):
         part = load_part(f)  # opened and read as any file; one that is an index is refused there
-        mine = part.meta.get(PART_META) if isinstance(part.meta, dict) else None
+        mine = part.description.get(PART_META) if isinstance(part.description, dict) else None
         if not isinstance(mine, dict) or mine.get("run_id") != index["run_id"] or mine.get("process") != i:
             raise JaxlogError(f"{path}: part file {f.name} is not process {i}'s part of this run (a file left by "
                               f"another run?): its part entry is {mine!r}")

@@ -26,6 +26,7 @@ from ..errors import JaxlogError
 from ..record.frames import FORMAT_VERSION, MAX_RANK, MAX_SIZE, Frames, Schema, dtype_from_name
 from ..record.records import WHEN, is_record_path, leaf_paths
 from ..record.numbers import is_dt, is_integer
+from ..record.runmeta import READ_MAX_BYTES, described_run, run_meta
 from ..record.schedule import schedule_from_json
 from . import h5safe
 from .dtypes import DTYPE_ATTR, KEY_IMPL_ATTR, check_leaf_dtype, decode, storage_dtype, wrap_key_data
@@ -268,11 +269,18 @@ class Trajectory:
 
     @property
     def meta(self) -> dict:
+        """The run's metadata, as ``jl.run(meta=...)`` gave it (``{}`` where none was given)."""
+        return run_meta(self.description)
+
+    @property
+    def description(self) -> dict:
+        """The run as its driver described it to the sinks (driver, steps, chunk, ...; its
+        ``meta=`` under ``"run"``/``"meta"``), with the provenance."""
         return self._info.get("meta") or {}
 
     @property
     def provenance(self) -> dict:
-        return self._info.get("provenance") or self.meta.get("provenance") or {}
+        return self._info.get("provenance") or self.description.get("provenance") or {}
 
     @property
     def golden(self) -> dict:
@@ -603,7 +611,7 @@ class Trajectory:
         frames = self.frames()
         writer_kwargs.setdefault("expected_frames", {p: len(s) for p, s in frames.steps.items()})
         writer = HDF5Writer(path, compression=compression, **writer_kwargs)
-        meta = dict(self.meta)
+        meta = dict(self.description)
         meta.setdefault("provenance", self.provenance)
         writer.open(self.schema, meta)
         try:
@@ -771,6 +779,8 @@ def _read_info(jl: h5py.Group, file: Path) -> dict[str, Any]:
     texts: dict[str, str | None] = {}
     missing = []
     for key in _REQUIRED + _OPTIONAL:
+        if key == "meta":  # holds the run's meta=, free text: bounded before it is read
+            h5safe.check_attr_size(jl, key, READ_MAX_BYTES, file, "/jaxlog")
         raw = texts[key] = _attr_text(jl, key, file, "/jaxlog")
         if raw is None:
             if key in _REQUIRED:
@@ -799,6 +809,10 @@ def _read_info(jl: h5py.Group, file: Path) -> dict[str, Any]:
     for key in ("provenance", "meta", "violation", "summary", "golden"):
         if info.get(key) is not None and not isinstance(info[key], dict):
             raise JaxlogError(f"{file}: /jaxlog attribute {key!r} must be an object or null")
+    described = described_run(info.get("meta") or {}) or {}
+    if not isinstance(described.get("meta", {}), dict):
+        raise JaxlogError(f"{file}: /jaxlog attribute 'meta' holds the run's meta= as {type(described['meta']).__name__}, "
+                          f"not an object")
     summary = info.get("summary") or {}
     if summary.get("stop_reason") not in (None, "until", "steps", "violation", "interrupted"):
         raise JaxlogError(f"{file}: /jaxlog summary's stop_reason is {summary.get('stop_reason')!r}")
