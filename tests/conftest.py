@@ -6,3 +6,23 @@ would change. The examples (``examples/``) run on whatever backend JAX picks."""
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def _import_the_package() -> None:
+    """Every module of the package, imported once before any test. pytester's in-process runs drop
+    the modules first imported during the run; a module imported again later is a second copy whose
+    classes are not the first's (``isinstance(jl.Record(...), Record)`` false), so a test after one
+    that happened to import a module first failed depending on the order tests ran in."""
+    import importlib
+    import pkgutil
+
+    import pytest_jaxlog
+
+    for info in pkgutil.walk_packages(pytest_jaxlog.__path__, "pytest_jaxlog."):
+        try:
+            importlib.import_module(info.name)
+        except ImportError:  # an optional extra not installed (matplotlib, tensorboard, pytest-html)
+            pass
+
+
+_import_the_package()
