@@ -132,6 +132,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         # now, not at unconfigure: an xdist worker may be ended as soon as it reports its session finished
         s.release_compile_cache()
         s.discard.finish()
+        s.baselines.save(s.entries.values())  # the controller's, with every worker's benchmarks
         s.write_manifest(exitstatus)
 
 

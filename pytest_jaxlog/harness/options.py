@@ -80,6 +80,14 @@ OPTIONS: dict[str, Option] = {
         Option("regen", False, "write or overwrite every golden trajectory the session checks", flag=True, ini=False),
         Option("create_goldens", False, "write goldens that do not exist yet (the test passes with a warning naming "
                "the file); existing goldens are still compared", flag=True),
+        Option("benchmark_save", "none", "save every jaxlog.benchmark of the session as run NAME of this machine "
+               "(<storage>/<machine>/NNNN_NAME.json)", metavar="NAME", ini=False),
+        Option("benchmark_compare", "none", "compare every jaxlog.benchmark with the same test's in saved run NAME, NNNN "
+               "or last of this machine", metavar="NAME", ini=False),
+        Option("benchmark_compare_fail", "none", "fail a test whose benchmark takes more than PERCENT longer per step "
+               "than the compared run's, beyond the confidence interval of the ratio", metavar="PERCENT", ini=False),
+        Option("benchmark_storage", "none", "directory of saved benchmark runs (default: jaxlog-benchmarks in pytest's "
+               "cache directory)", metavar="DIR"),
     )
 }
 
