@@ -166,7 +166,7 @@ class Baselines:
 
     def summary_lines(self, entries: Iterable[dict], display: Callable[[Path], str]) -> list[str]:
         """The terminal summary's lines: what was saved, and the table of what moved."""
-        from ..profiling.baseline import moved_table, rows
+        from ..profiling.baseline import compared_lines
 
         entries = list(entries)
         lines = list(self.problems)
@@ -176,18 +176,7 @@ class Baselines:
                 lines += [f"saved {count} benchmarks as {display(p)}" for p in self.saved]
             elif not self.problems:
                 lines.append(f"no benchmark ran: nothing saved as {self.save_name!r}")
-        if self.compare_to is None:
-            return lines
-        found = rows(entries)
-        missing = sum(1 for e in entries for b in e.get("benchmarks") or () if (b.get("compare") or {}).get("missing"))
-        baseline = found[0].comparison["baseline"] if found else self.compare_to
-        verdicts = [r.comparison.get("verdict") for r in found]
-        limit = "" if self.percent is None else f", failing beyond {self.percent:g}% slower"
-        lines.append(f"benchmarks compared with saved run {baseline}{limit}: {verdicts.count('slower')} slower, "
-                     f"{verdicts.count('faster')} faster, {verdicts.count('unchanged')} unchanged (within the "
-                     f"interval); {missing} not in the saved run")
-        lines += [f"  {line}" for line in moved_table(found)]
-        return lines
+        return lines + compared_lines(entries, limit=self.percent)
 
 
 def benchmark_entry(name: str, result: Any, machine: dict) -> dict:

@@ -122,11 +122,13 @@ def rows(entries: Iterable[dict]) -> list[Row]:
 
 
 
-def moved_table(found: Sequence[Row], markdown: bool = False, everything: bool = False) -> list[str]:
-    """The benchmarks that moved beyond the noise (``everything``: all), slowest first, as lines."""
+def moved_table(found: Sequence[Row], markdown: bool = False, everything: bool = False,
+                columns: tuple[str, str] = ("saved", "now")) -> list[str]:
+    """The benchmarks that moved beyond the noise (``everything``: all), slowest first, as lines;
+    ``columns`` names the two runs in the head."""
     shown = [r for r in found if everything or r.comparison.get("verdict") != "unchanged"]
     shown.sort(key=lambda r: -float(r.comparison["ratio"]))
-    head = ["test", "saved steps/s", "now steps/s", "time ratio", "interval", "verdict"]
+    head = ["test", f"{columns[0]} steps/s", f"{columns[1]} steps/s", "time ratio", "interval", "verdict"]
     body = [[r.test, _num(r.comparison.get("saved_steps_per_s")), _num(r.comparison.get("steps_per_s")),
              f"x{float(r.comparison['ratio']):.3f}", _interval(r.comparison),
              str(r.comparison.get("verdict")) + (" FAILED" if r.comparison.get("failed") else "")] for r in shown]
@@ -138,6 +140,27 @@ def moved_table(found: Sequence[Row], markdown: bool = False, everything: bool =
     widths = [max(len(line[i]) for line in [head, *body]) for i in range(len(head))]
     return ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))).rstrip()
             for line in [head, *body]]
+
+
+def compared_lines(entries: Iterable[dict], markdown: bool = False, limit: float | None = None) -> list[str]:
+    """What the manifest entries' benchmarks did against the saved run they were compared with:
+    counts by verdict, then the table of those that moved (nothing when none was compared)."""
+    entries = list(entries)
+    found = rows(entries)
+    missing = sum(1 for e in entries for b in e.get("benchmarks") or ()
+                  if isinstance(b, dict) and (b.get("compare") or {}).get("missing"))
+    if not found and not missing:
+        return []
+    baselines = sorted({str(r.comparison.get("baseline")) for r in found} | {
+        str(b["compare"].get("baseline")) for e in entries for b in e.get("benchmarks") or ()
+        if isinstance(b, dict) and isinstance(b.get("compare"), dict)})
+    verdicts = [r.comparison.get("verdict") for r in found]
+    failing = "" if limit is None else f", failing beyond {limit:g}% slower"
+    lines = [f"benchmarks compared with saved run {', '.join(baselines)}{failing}: {verdicts.count('slower')} slower, "
+             f"{verdicts.count('faster')} faster, {verdicts.count('unchanged')} unchanged (interval holds 1); "
+             f"{missing} not in the saved run (not compared)"]
+    table = moved_table(found, markdown)
+    return lines + ([""] if markdown and table else []) + [line if markdown else f"  {line}" for line in table]
 
 
 def _num(v: Any) -> str:
