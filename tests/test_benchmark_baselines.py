@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from plugin_helpers import no_jaxlog_env  # noqa: F401  (no_jaxlog_env: an autouse fixture)
+from pytest_jaxlog.cli import main
 from pytest_jaxlog.errors import JaxlogError
 from pytest_jaxlog.profiling.baseline import BenchmarkRegression, compare
 from pytest_jaxlog.profiling.baselinefile import read
@@ -30,12 +31,16 @@ import pytest_jaxlog.profiling.baseline  # noqa: E402,F401
 import pytest_jaxlog.profiling.timeline  # noqa: E402,F401
 import pytest_jaxlog.store.hdf5  # noqa: E402,F401
 
-# a 96x96 matrix product per step: milliseconds of device work per run, well above jl.run's own
+# a 96x96 matrix product per step: milliseconds of device work per run, well above jl.run's own; timed
+# against the plain step as a reference beside it, so the machine's load in either session cancels
 KERNEL = """
 import jax.numpy as jnp
 
 W = jnp.eye(96) * 0.5 + 0.001
 WORK = {work}
+
+def plain(x):
+    return jnp.tanh(W @ x)
 
 def step(x):
     for _ in range(WORK):  # the slowed kernel does the step's work WORK times
@@ -45,17 +50,17 @@ def step(x):
 X = jnp.ones((96, 96))
 
 def test_fast(jaxlog):
-    jaxlog.benchmark(step, X, 100, repeats=6, number=3)
+    jaxlog.benchmark(step, X, 100, reference=(plain, X), repeats=6, number=5)
 
 def test_two(jaxlog):
-    jaxlog.benchmark(step, X, 100, repeats=6, number=3)
-    jaxlog.benchmark(step, X, 50, repeats=6, number=3, name="short")
+    jaxlog.benchmark(step, X, 100, reference=(plain, X), repeats=6, number=5)
+    jaxlog.benchmark(step, X, 50, reference=(plain, X), repeats=6, number=5, name="short")
 """
 
 NEW_TEST = """
 
 def test_new(jaxlog):
-    jaxlog.benchmark(step, X, 100, repeats=6, number=3)
+    jaxlog.benchmark(step, X, 100, repeats=4, number=2)
 """
 
 
@@ -72,7 +77,7 @@ def _session(pytester, *args):
     return pytester.runpytest("-p", "no:cacheprovider", "--jaxlog-benchmark-storage=store", *args)
 
 
-def test_a_slowed_kernel_fails_the_comparison_and_the_same_kernel_passes(pytester):
+def test_a_slowed_kernel_fails_the_comparison_and_the_same_kernel_passes(pytester, capsys):
     pytester.makepyfile(test_k=KERNEL.format(work=1))
     _session(pytester, "--jaxlog-benchmark-save=base").assert_outcomes(passed=2)
     [saved] = _files(pytester.path / "store")
@@ -80,7 +85,7 @@ def test_a_slowed_kernel_fails_the_comparison_and_the_same_kernel_passes(pyteste
     base = read(saved)
     assert sorted(base.tests) == ["test_k.py::test_fast", "test_k.py::test_two"]
     assert [b["name"] for b in base.tests["test_k.py::test_two"]["benchmarks"]] == ["benchmark", "short"]
-    assert all(len(b["samples"]) == 6 and all(len(r) == 3 for r in b["samples"])
+    assert all(len(b["samples"]) == len(b["reference_samples"]) == 6 and all(len(r) == 5 for r in b["samples"])
                for t in base.tests.values() for b in t["benchmarks"])
 
     pytester.makepyfile(test_k=KERNEL.format(work=4))
@@ -89,7 +94,7 @@ def test_a_slowed_kernel_fails_the_comparison_and_the_same_kernel_passes(pyteste
     slow.stdout.re_match_lines([
         r"E +pytest_jaxlog\.profiling\.baseline\.BenchmarkRegression: \[jaxlog\] benchmark 'benchmark' of "
         r"test_k\.py::test_fast is slower than saved run 0001_base: [\d,.]+ steps/s now vs [\d,.]+ steps/s saved; "
-        r"time per step x[\d.]+ the saved \(9\d\.\d% interval \[[\d.]+, [\d.]+\]; Hodges-Lehmann ratio .*, 6 repeats "
+        r"time relative to its reference x[\d.]+ the saved \(9\d\.\d% interval \[[\d.]+, [\d.]+\]; Hodges-Lehmann ratio .*, 6 repeats "
         r"now, 6 saved\), which lies wholly above the 1\.500 allowed \(--jaxlog-benchmark-compare-fail=50\)\. If the "
         r"slow-down is intended, save a new baseline: --jaxlog-benchmark-save=NAME$",
     ])
@@ -100,14 +105,24 @@ def test_a_slowed_kernel_fails_the_comparison_and_the_same_kernel_passes(pyteste
         assert c["failed"] and c["verdict"] == "slower" and c["interval"][0] > 1.5 and c["baseline"] == "0001_base"
         # the same figures computed plainly from the two sessions' samples
         saved_b = base.benchmark(nodeid, "benchmark")
-        plain = sorted(math.log(min(a) / 100) - math.log(min(b) / 100)
-                       for a in first["samples"] for b in saved_b["samples"])
+        now_rel = [min(a) / min(b) for a, b in zip(first["samples"], first["reference_samples"])]
+        saved_rel = [min(a) / min(b) for a, b in zip(saved_b["samples"], saved_b["reference_samples"])]
+        plain = sorted(math.log(a) - math.log(b) for a in now_rel for b in saved_rel)
         k = _moses_rank(6, 6)
         assert c["ratio"] == pytest.approx(math.exp((plain[17] + plain[18]) / 2))  # the median of 36 differences
         assert c["interval"] == pytest.approx([math.exp(plain[k - 1]), math.exp(plain[36 - k])])
     slow.stdout.fnmatch_lines(["*benchmarks compared with saved run 0001_base, failing beyond 50% slower: 2 slower, "
                                "0 faster, 0 unchanged*", "*test*saved steps/s*now steps/s*time ratio*interval*verdict",
                                "*test_k.py::test_*slower FAILED"])
+    capsys.readouterr()
+    assert main(["summary", "--markdown", str(pytester.path / ".jaxlog")]) == 0
+    summary = capsys.readouterr().out
+    assert ("benchmarks compared with saved run 0001_base: 2 slower, 0 faster, 0 unchanged (interval holds 1); "
+            "0 not in the saved run (not compared)") in summary
+    assert "| test | saved steps/s | now steps/s | time ratio | interval | verdict |" in summary
+    ratio = entries["test_k.py::test_fast"]["benchmarks"][0]["compare"]["ratio"]
+    assert re.search(rf"\| `test_k.py::test_fast` \| [\d,.]+ \| [\d,.]+ \| x{ratio:.3f} \| \[[\d.]+, [\d.]+\] \| "
+                     r"slower FAILED \|", summary), summary
 
     pytester.makepyfile(test_k=KERNEL.format(work=1) + NEW_TEST)
     same = _session(pytester, "--jaxlog-benchmark-compare=last", "--jaxlog-benchmark-compare-fail=50")
@@ -130,7 +145,8 @@ def test_under_xdist_the_controller_writes_one_file_with_every_workers_tests(pyt
     assert saved.name == "0001_xd.json"
     run = read(saved)
     assert sorted(run.tests) == ["test_k.py::test_fast", "test_k.py::test_new", "test_k.py::test_two"]
-    assert run.count == 4
+    assert run.count == 4 and all("reference_samples" in b for b in run.tests["test_k.py::test_fast"]["benchmarks"])
+    assert "reference_samples" not in run.tests["test_k.py::test_new"]["benchmarks"][0]
     workers = {e["worker"] for e in _manifest(pytester).values()}
     assert workers == {"gw0", "gw1"}, workers  # both workers ran tests, one file holds them
     assert not list((pytester.path / "store").glob("*/.saving-*"))
@@ -268,3 +284,16 @@ def test_a_comparison_fails_only_when_the_interval_clears_the_limit():
     faster = compare({"steps": 10, "samples": [[0.4], [0.45], [0.42], [0.41]]}, saved, "0001_x", None)
     assert faster.verdict == "faster" and not faster.failed
     assert issubclass(BenchmarkRegression, AssertionError) and issubclass(BenchmarkRegression, JaxlogError)
+
+
+def test_against_a_reference_on_both_sides_the_load_cancels():
+    """A session where the machine was twice as busy: the kernel and its reference both take twice as
+    long, so relative to the reference nothing changed; a kernel slower than its reference is found."""
+    saved = {"steps": 10, "samples": [[1.0], [1.1], [0.9], [1.05]], "reference_samples": [[1.0], [1.1], [0.9], [1.05]]}
+    loaded = {"steps": 10, "samples": [[2.0], [2.2], [1.8], [2.1]], "reference_samples": [[2.0], [2.2], [1.8], [2.1]]}
+    busy = compare(loaded, saved, "0001_x", 10)
+    assert busy.basis == "time relative to its reference" and busy.ratio == pytest.approx(1.0) and not busy.failed
+    assert compare({k: v for k, v in loaded.items() if k != "reference_samples"}, saved, "0001_x", 10).failed
+    slower = dict(saved, samples=[[3.0], [3.3], [2.7], [3.15]])
+    found = compare(slower, saved, "0001_x", 10)
+    assert found.failed and found.ratio == pytest.approx(3.0) and found.interval.lo == pytest.approx(3.0)

@@ -190,7 +190,8 @@ def benchmark_entry(name: str, result: Any, machine: dict) -> dict:
     if result.interval is not None:
         iv = result.interval
         entry.update(ratio=float(result.ratio), interval=[iv.lo, iv.hi], coverage=iv.coverage,
-                     reference_steps_per_s=result.reference_steps_per_s)
+                     reference_steps_per_s=result.reference_steps_per_s,
+                     reference_samples=[list(rep) for rep in result.reference_samples])
     return entry
 
 

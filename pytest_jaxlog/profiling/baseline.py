@@ -3,10 +3,16 @@ ratio of their times per step with a confidence interval (``profiling.ratio``), 
 failure message, and the table of what moved that the terminal summary and ``jaxlog summary`` print.
 
 What a failure means: with ``--jaxlog-benchmark-compare-fail=10`` a benchmark fails only when the
-whole interval of its time ratio lies above 1.10, i.e. it takes more than 10% longer per step
-than the saved run beyond the noise between the two sessions' repeats. The interval knows only
-the spread of the repeats; a session that is uniformly slower as a whole (another job on the
-machine, throttling) shifts every repeat alike, which is what the percentage allows for.
+whole interval of its time ratio lies above 1.10, i.e. it takes more than 10% longer than the
+saved run beyond the noise between the two sessions' repeats.
+
+What is compared: where both sessions timed the benchmark against a reference (``reference=``,
+interleaved with it), each repeat's time *relative to the reference* (kernel's fastest run over the
+reference's): the machine's load in either session slowed both alike and cancels, so only a
+change of the kernel against its reference shows. Without a reference on both sides, the times
+per step themselves: the interval then knows only the spread of the repeats, and a session that
+is uniformly slower as a whole (another job on the machine, throttling) shifts every repeat
+alike, which only the percentage allows for; on a shared machine that can be a factor of 3.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ class Comparison:
     repeats: int
     saved_repeats: int
     limit: float | None = None
+    basis: str = "time per step"  # or: "time relative to its reference" (both sessions timed one beside it)
 
     @property
     def verdict(self) -> str:
@@ -57,7 +64,7 @@ class Comparison:
     def describe(self) -> str:
         iv = self.interval
         return (f"{self.steps_per_s:,.1f} steps/s now vs {self.saved_steps_per_s:,.1f} saved in {self.baseline}: "
-                f"time per step x{self.ratio:.3f} ({iv.coverage:.1%} interval [{iv.lo:.3f}, {iv.hi:.3f}], "
+                f"{self.basis} x{self.ratio:.3f} ({iv.coverage:.1%} interval [{iv.lo:.3f}, {iv.hi:.3f}], "
                 f"{self.repeats} vs {self.saved_repeats} repeats), {self.verdict}")
 
     def to_json(self) -> dict[str, Any]:
@@ -65,7 +72,8 @@ class Comparison:
         return {"baseline": self.baseline, "saved_steps_per_s": self.saved_steps_per_s,
                 "steps_per_s": self.steps_per_s, "ratio": self.ratio, "interval": [iv.lo, iv.hi],
                 "coverage": iv.coverage, "repeats": self.repeats, "saved_repeats": self.saved_repeats,
-                "limit": self.limit, "verdict": self.verdict, "failed": self.failed, "method": METHOD}
+                "limit": self.limit, "verdict": self.verdict, "failed": self.failed, "basis": self.basis,
+                "method": METHOD}
 
 
 def steps_per_s(entry: dict) -> float:
@@ -79,22 +87,31 @@ def _per_step(entry: dict) -> list[float]:
     return [min(float(t) for t in rep) / steps for rep in entry["samples"] if len(rep)]
 
 
+def _relative(entry: dict) -> list[float]:
+    """Each repeat's fastest run over its reference's fastest (timed beside it, under the same load)."""
+    return [min(float(t) for t in a) / min(float(t) for t in b)
+            for a, b in zip(entry["samples"], entry["reference_samples"]) if len(a) and len(b)]
+
+
 def compare(now: dict, saved: dict, baseline: str, percent: float | None, confidence: float = 0.95) -> Comparison:
-    """Compare benchmark entries ``now`` and ``saved`` (``steps``, ``samples``: seconds per run by repeat)."""
+    """Compare benchmark entries ``now`` and ``saved`` (``steps``, ``samples``: seconds per run by
+    repeat; ``reference_samples`` where a reference was timed beside it)."""
+    relative = bool(now.get("reference_samples")) and bool(saved.get("reference_samples"))
+    values = _relative if relative else _per_step
     try:
-        found = ratio_interval(_per_step(now), _per_step(saved), confidence)
+        found = ratio_interval(values(now), values(saved), confidence)
         saved_rate = steps_per_s(saved)
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
         raise JaxlogError(f"[jaxlog] saved run {baseline}: a benchmark entry is malformed ({e!r})") from None
     limit = None if percent is None else 1 + percent / 100
     return Comparison(baseline, saved_rate, steps_per_s(now), found.ratio, found.interval, len(now["samples"]),
-                      len(saved["samples"]), limit)
+                      len(saved["samples"]), limit, "time relative to its reference" if relative else "time per step")
 
 
 def failure_message(nodeid: str, name: str, c: Comparison, percent: float) -> str:
     iv = c.interval
     return (f"[jaxlog] benchmark {name!r} of {nodeid} is slower than saved run {c.baseline}: "
-            f"{c.steps_per_s:,.1f} steps/s now vs {c.saved_steps_per_s:,.1f} steps/s saved; time per step "
+            f"{c.steps_per_s:,.1f} steps/s now vs {c.saved_steps_per_s:,.1f} steps/s saved; {c.basis} "
             f"x{c.ratio:.3f} the saved ({iv.coverage:.1%} interval [{iv.lo:.3f}, {iv.hi:.3f}]; {METHOD}, "
             f"{c.repeats} repeats now, {c.saved_repeats} saved), which lies wholly above the {c.limit:.3f} allowed "
             f"({COMPARE_FAIL_FLAG}={percent:g}). If the slow-down is intended, save a new baseline: "
