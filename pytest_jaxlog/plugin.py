@@ -11,6 +11,7 @@ from typing import Any, Iterator
 import pytest
 
 from .errors import JaxlogError
+from .harness.baselines import add_options as add_benchmark_options
 from .harness.devices import ChildReports, DevicesPlugin, child_spec
 from .harness.factory import JaxlogFactory
 from .harness.fixture import JaxlogFixture
@@ -21,6 +22,7 @@ from .harness.session import REPORTS_KEY, SESSION_KEY, JaxlogSession, uses_jaxlo
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(parser)
+    add_benchmark_options(parser)
 
 
 @pytest.hookimpl(trylast=True)  # after conftests' pytest_configure, which may set defaults (examples/conftest.py)

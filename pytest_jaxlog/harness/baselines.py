@@ -23,15 +23,37 @@ import pytest
 
 from ..errors import JaxlogError, JaxlogRuntimeWarning
 from ..profiling.baselinefile import DEFAULT_NAME, check_name
-from .options import OPTIONS, lookup, what
+from .options import Option, lookup, what
+from .options import add_options as _add_options
 
 DEFAULT_STORAGE = "jaxlog-benchmarks"  # under pytest's cache directory (.pytest_cache/d/)
+OPTIONS: dict[str, Option] = {
+    o.key: o
+    for o in (
+        Option("benchmark_save", "none", "save every jaxlog.benchmark of the session as run NAME of this machine "
+               "(<storage>/<machine>/NNNN_NAME.json)", metavar="NAME", ini=False),
+        Option("benchmark_compare", "none", "compare every jaxlog.benchmark with the same test's in saved run NAME, NNNN "
+               "or last of this machine", metavar="NAME", ini=False),
+        Option("benchmark_compare_fail", "none", "fail a test whose benchmark takes more than PERCENT longer than in the "
+               "compared run (relative to its reference where both timed one), beyond the ratio's confidence interval", metavar="PERCENT", ini=False),
+        Option("benchmark_storage", "none", "directory of saved benchmark runs (default: jaxlog-benchmarks in pytest's "
+               "cache directory)", metavar="DIR"),
+    )
+}
 _COST_PROPERTIES = ("flops", "transcendentals", "bytes_accessed", "temp_bytes", "argument_bytes", "output_bytes",
                     "kernels")
 
 
+def add_options(parser: pytest.Parser) -> None:
+    _add_options(parser, OPTIONS.values())
+
+
 def _flag(key: str) -> str:
     return OPTIONS[key].flag_name
+
+
+def _lookup(config: pytest.Config, key: str) -> Any:
+    return lookup(config, OPTIONS[key])
 
 
 class Baselines:
@@ -40,7 +62,7 @@ class Baselines:
 
     def __init__(self, config: pytest.Config, worker: Any):
         self.worker = worker
-        save, compare, fail = (lookup(config, k) for k in ("benchmark_save", "benchmark_compare",
+        save, compare, fail = (_lookup(config, k) for k in ("benchmark_save", "benchmark_compare",
                                                            "benchmark_compare_fail"))
         self.save_name = check_name(_given(save.value), what("benchmark_save", save)) if _given(save.value) else None
         self.compare_to = _given(compare.value) or None
@@ -55,7 +77,7 @@ class Baselines:
 
     @staticmethod
     def _storage(config: pytest.Config) -> Path:
-        src = lookup(config, "benchmark_storage")
+        src = _lookup(config, "benchmark_storage")
         if _given(src.value):
             where = Path(config.invocation_params.dir) if src.origin in ("cli", "env") else Path(config.rootpath)
             return (where / os.path.expanduser(str(src.value))).resolve()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import pytest
 
@@ -80,21 +80,14 @@ OPTIONS: dict[str, Option] = {
         Option("regen", False, "write or overwrite every golden trajectory the session checks", flag=True, ini=False),
         Option("create_goldens", False, "write goldens that do not exist yet (the test passes with a warning naming "
                "the file); existing goldens are still compared", flag=True),
-        Option("benchmark_save", "none", "save every jaxlog.benchmark of the session as run NAME of this machine "
-               "(<storage>/<machine>/NNNN_NAME.json)", metavar="NAME", ini=False),
-        Option("benchmark_compare", "none", "compare every jaxlog.benchmark with the same test's in saved run NAME, NNNN "
-               "or last of this machine", metavar="NAME", ini=False),
-        Option("benchmark_compare_fail", "none", "fail a test whose benchmark takes more than PERCENT longer per step "
-               "than the compared run's, beyond the confidence interval of the ratio", metavar="PERCENT", ini=False),
-        Option("benchmark_storage", "none", "directory of saved benchmark runs (default: jaxlog-benchmarks in pytest's "
-               "cache directory)", metavar="DIR"),
     )
 }
 
 
-def add_options(parser: pytest.Parser) -> None:
+def add_options(parser: pytest.Parser, options: Iterable[Option] | None = None) -> None:
+    """The options (all of ``OPTIONS`` when None; another module's own ``Option``s otherwise)."""
     group = parser.getgroup("jaxlog", "jaxlog: record, check and profile JAX kernels")
-    for opt in OPTIONS.values():
+    for opt in OPTIONS.values() if options is None else options:
         default = ("on" if opt.default else "off") if opt.flag else opt.default
         where = f"env: {opt.env}" + (f"; ini: {opt.ini_name}" if opt.ini else "")
         text = f"{opt.help} (default: {default}; {where})"
@@ -111,6 +104,8 @@ def add_options(parser: pytest.Parser) -> None:
             ini_type = "bool" if opt.flag else "string"
             parser.addini(opt.ini_name, f"jaxlog: {opt.help} (default: {default}; env: {opt.env})",
                           type=ini_type, default=opt.default)
+    if options is not None:
+        return
     parser.addini(GOLDEN_DIR_INI, f"jaxlog: directory of golden trajectories, relative to rootdir "
                   f"(default: {GOLDEN_DIR_DEFAULT})", default=GOLDEN_DIR_DEFAULT)
 
@@ -132,10 +127,11 @@ class Sourced:
         return f"ini {self.name}" if self.origin == "ini" else self.name
 
 
-def lookup(config: pytest.Config, key: str, environ: Mapping[str, str] | None = None) -> Sourced:
-    """The value of option ``key``: command line > environment > ini > default. An empty
-    variable counts as unset (CI systems expand undefined variables to "")."""
-    opt = OPTIONS[key]
+def lookup(config: pytest.Config, key: str | Option, environ: Mapping[str, str] | None = None) -> Sourced:
+    """The value of option ``key`` (or of an ``Option`` added by another module): command line >
+    environment > ini > default. An empty variable counts as unset (CI systems expand undefined
+    variables to "")."""
+    opt = key if isinstance(key, Option) else OPTIONS[key]
     environ = os.environ if environ is None else environ
     value = config.getoption(opt.dest, None)
     if value is not None and value is not False:
