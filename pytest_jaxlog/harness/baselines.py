@@ -22,7 +22,6 @@ from typing import Any, Callable, Iterable
 import pytest
 
 from ..errors import JaxlogError, JaxlogRuntimeWarning
-from ..profiling.baselinefile import DEFAULT_NAME, check_name
 from .options import Option, lookup, what
 from .options import add_options as _add_options
 
@@ -61,6 +60,8 @@ class Baselines:
     (read on first use, in the process that runs the test), and the file saved at the end."""
 
     def __init__(self, config: pytest.Config, worker: Any):
+        from ..profiling.baselinefile import check_name  # lazy: the plugin imports no package layer at load
+
         self.worker = worker
         save, compare, fail = (_lookup(config, k) for k in ("benchmark_save", "benchmark_compare",
                                                            "benchmark_compare_fail"))
@@ -93,6 +94,7 @@ class Baselines:
         """A benchmark the test made: into its manifest entry, compared with the saved run when
         asked (``BenchmarkRegression`` when slower beyond the allowed percentage)."""
         from ..profiling.baseline import BenchmarkRegression, compare, failure_message
+        from ..profiling.baselinefile import check_name
         from ..profiling.machine import this_machine
 
         __tracebackhide__ = True
@@ -136,6 +138,8 @@ class Baselines:
     @staticmethod
     def properties(state: Any) -> list[tuple[str, str]]:
         """JUnit XML properties of a test's benchmarks and checked costs (``[name]`` after all but the default's)."""
+        from ..profiling.baselinefile import DEFAULT_NAME
+
         props: list[tuple[str, str]] = []
         for b in state.benchmarks:
             tag = "" if b["name"] == DEFAULT_NAME else f"[{b['name']}]"
@@ -218,6 +222,8 @@ def benchmark_entry(name: str, result: Any, machine: dict) -> dict:
 
 
 def _unique(state: Any, name: str | None) -> str:
+    from ..profiling.baselinefile import DEFAULT_NAME
+
     taken = {b["name"] for b in state.benchmarks}
     if name is not None:
         if name in taken:
