@@ -20,7 +20,7 @@ from typing import Sequence
 from ..errors import JaxlogError
 from .stats import Interval, median
 
-METHOD = "Hodges-Lehmann ratio of the per-repeat fastest runs, Moses' distribution-free interval"
+METHOD = "Hodges-Lehmann ratio between the two sessions' repeats, Moses' distribution-free interval"
 
 
 @dataclass(frozen=True)
