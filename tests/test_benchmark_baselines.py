@@ -297,3 +297,22 @@ def test_against_a_reference_on_both_sides_the_load_cancels():
     slower = dict(saved, samples=[[3.0], [3.3], [2.7], [3.15]])
     found = compare(slower, saved, "0001_x", 10)
     assert found.failed and found.ratio == pytest.approx(3.0) and found.interval.lo == pytest.approx(3.0)
+
+
+def test_a_benchmark_name_is_checked_before_timing(pytester):
+    pytester.makepyfile(test_n=r"""
+import jax.numpy as jnp
+import pytest
+
+def test_names(jaxlog):
+    with pytest.raises(Exception, match=r"jaxlog.benchmark\(name=...\): 'a/b': use letters"):
+        jaxlog.benchmark(lambda x: x, jnp.ones(2), 1, repeats=1, number=1, name="a/b")
+    jaxlog.benchmark(lambda x: x, jnp.ones(2), 1, repeats=1, number=1, name="one")
+    with pytest.raises(Exception, match=r"name='one'.*made a benchmark of that name already"):
+        jaxlog.benchmark(lambda x: x, jnp.ones(2), 1, repeats=1, number=1, name="one")
+    jaxlog.benchmark(lambda x: x, jnp.ones(2), 1, repeats=1, number=1)
+    jaxlog.benchmark(lambda x: x, jnp.ones(2), 1, repeats=1, number=1)
+""")
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+    [entry] = _manifest(pytester).values()
+    assert [b["name"] for b in entry["benchmarks"]] == ["one", "benchmark", "benchmark-1"]

@@ -90,15 +90,20 @@ class Baselines:
         return Path(cache.mkdir(DEFAULT_STORAGE))
 
     # -- in the test ---------------------------------------------------------------------------
-    def note(self, state: Any, name: str | None, result: Any) -> dict:
-        """A benchmark the test made: into its manifest entry, compared with the saved run when
-        asked (``BenchmarkRegression`` when slower beyond the allowed percentage)."""
-        from ..profiling.baseline import BenchmarkRegression, compare, failure_message
+    @staticmethod
+    def name_for(state: Any, name: str | None) -> str:
+        """The name a test's next benchmark is saved and compared under (checked before it is timed)."""
         from ..profiling.baselinefile import check_name
+
+        return _unique(state, check_name(name, "jaxlog.benchmark(name=...)") if name is not None else None)
+
+    def note(self, state: Any, name: str, result: Any) -> dict:
+        """A benchmark the test made (``name`` from ``name_for``): into its manifest entry, compared
+        with the saved run when asked (``BenchmarkRegression`` when slower beyond the allowed percentage)."""
+        from ..profiling.baseline import BenchmarkRegression, compare, failure_message
         from ..profiling.machine import this_machine
 
         __tracebackhide__ = True
-        name = _unique(state, check_name(name, "jaxlog.benchmark(name=...)") if name is not None else None)
         entry = benchmark_entry(name, result, this_machine().to_json())
         state.benchmarks.append(entry)
         if self.compare_to is None:

@@ -345,6 +345,7 @@ class JaxlogFixture:
         from ..drive.benchmark import benchmark
 
         __tracebackhide__ = True
+        name = self._session.baselines.name_for(self._state, name)
         result = benchmark(step, state, steps, reference=reference, **kwargs)
         self._state.notes.append(f"benchmark: {result.describe()}")
         self._session.baselines.note(self._state, name, result)
