@@ -18,6 +18,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from .errors import JaxlogError
+from .profiling.baseline import compared_lines
 from .store import manifest
 
 
@@ -86,6 +87,17 @@ def _parser() -> argparse.ArgumentParser:
     merge.add_argument("roots", nargs="+", metavar="DIR", help="the shards' jaxlog directories or manifest files")
     merge.add_argument("-o", "--output", required=True, metavar="OUT",
                        help="directory of the merged manifest.json (not one of the shards')")
+
+    bench = sub.add_parser("benchmarks", help="saved benchmark runs (pytest --jaxlog-benchmark-save): list, compare, plot",
+                           description="List the benchmark runs saved in DIR (per machine: name, date, tests); "
+                           "--compare A B: B against A test by test (time ratio and its interval; runs of one "
+                           "machine only); --plot FILE: steps/s and flops per step across the saved runs "
+                           "(needs matplotlib).")
+    bench.add_argument("root", nargs="?", default=".pytest_cache/d/jaxlog-benchmarks", metavar="DIR",
+                       help="the storage directory (default: .pytest_cache/d/jaxlog-benchmarks)")
+    bench.add_argument("--compare", nargs=2, metavar=("A", "B"), help="saved runs: NNNN_name, NNNN, name or a file")
+    bench.add_argument("--plot", metavar="FILE", help="write a plot of the saved runs (.png, .svg, .pdf)")
+    bench.add_argument("--markdown", action="store_true", help="the --compare table as Markdown")
     return p
 
 
@@ -109,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.stdout, sys.stderr = _Printable(out), _Printable(err)  # text from files and manifests included
     try:
         return {"info": cmd_info, "diff": cmd_diff, "trace": cmd_trace, "plot": cmd_plot,
-                "summary": cmd_summary, "merge": cmd_merge}[args.command](args)
+                "summary": cmd_summary, "merge": cmd_merge, "benchmarks": cmd_benchmarks}[args.command](args)
     except (UsageError, JaxlogError) as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if not msg.startswith("[jaxlog]"):
@@ -546,6 +558,7 @@ def _manifest_lines(path: Path, doc: dict, markdown: bool) -> tuple[list[str], i
     carried = len(manifest.tests(doc)) - len(tests)
     if carried:
         lines.append(f"{item}{carried} tests not run in this session keep their earlier entries (stale)")
+    lines += compared_lines(tests, markdown)
     stale = manifest.stale(doc)
     if stale:
         lines.append(f"{item}{len(stale)} artifact directories from an earlier session (stale), e.g. "
@@ -589,4 +602,24 @@ def cmd_merge(args) -> int:
     path = merge(args.roots, args.output)
     doc = json.loads(path.read_text())
     print(f"[jaxlog] merged {len(doc['shards'])} manifests ({len(doc['tests'])} tests) into {path}")
+    return 0
+
+
+def cmd_benchmarks(args) -> int:
+    from .profiling import baselinereport
+
+    root = Path(args.root)
+    if not root.is_dir():
+        raise UsageError(f"[jaxlog] benchmark storage directory {args.root} does not exist (pytest "
+                         "--jaxlog-benchmark-save=NAME writes there; --jaxlog-benchmark-storage=DIR elsewhere)")
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise UsageError("[jaxlog] --plot needs matplotlib, which is not installed: "
+                             "pip install 'pytest-jaxlog[plot]'") from None
+        print(baselinereport.plot(root, Path(args.plot)))
+    lines = (baselinereport.comparison(root, args.compare[0], args.compare[1], args.markdown) if args.compare
+             else baselinereport.listing(root))
+    print("\n".join(lines))
     return 0

@@ -11,6 +11,7 @@ from typing import Any, Iterator
 import pytest
 
 from .errors import JaxlogError
+from .harness.baselines import add_options as add_benchmark_options
 from .harness.devices import ChildReports, DevicesPlugin, child_spec
 from .harness.factory import JaxlogFactory
 from .harness.fixture import JaxlogFixture
@@ -22,6 +23,7 @@ from .harness.session import REPORTS_KEY, SESSION_KEY, JaxlogSession, uses_jaxlo
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(parser)
+    add_benchmark_options(parser)
 
 
 @pytest.hookimpl(trylast=True)  # after conftests' pytest_configure, which may set defaults (examples/conftest.py)
@@ -138,6 +140,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         # now, not at unconfigure: an xdist worker may be ended as soon as it reports its session finished
         s.release_compile_cache()
         s.discard.finish()
+        s.baselines.save(s.entries.values())  # the controller's, with every worker's benchmarks
         s.write_manifest(exitstatus)
 
 

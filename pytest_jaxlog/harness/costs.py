@@ -37,6 +37,7 @@ def check_cost(session: JaxlogSession, state: TestState, checked: set[Path], run
                           "give each checked cost its own name=")
     checked.add(path)
     key = cost.platform_key()
+    state.costs.append({"name": name, "platform": key, "metrics": cost.metrics()})
     entries = costfile.read(path)
     shown = session.display(path)
     if session.regen or (key not in entries and session.create_goldens):

@@ -339,13 +339,18 @@ class JaxlogFixture:
         __tracebackhide__ = True
         return check_cost(self._session, self._state, self._goldens, run, rtol, metrics, name)
 
-    def benchmark(self, step: Any, state: Any, steps: int, *, reference: Any = None, **kwargs: Any) -> Any:
+    def benchmark(self, step: Any, state: Any, steps: int, *, reference: Any = None, name: str | None = None,
+                  **kwargs: Any) -> Any:
         """``jl.benchmark`` (warm timings, interleaved with ``reference``'s, with a confidence interval on the
-        ratio); its figures go into the test's report section."""
+        ratio); its figures go into the test's report section and manifest entry, saved and compared across
+        sessions by ``--jaxlog-benchmark-save/-compare`` under ``name`` (default ``benchmark``, ``benchmark-1``...)."""
         from ..drive.benchmark import benchmark
 
+        __tracebackhide__ = True
+        name = self._session.baselines.name_for(self._state, name)
         result = benchmark(step, state, steps, reference=reference, **kwargs)
         self._state.notes.append(f"benchmark: {result.describe()}")
+        self._session.baselines.note(self._state, name, result)
         return result
 
     def load(self, name: str | None = None) -> Any:

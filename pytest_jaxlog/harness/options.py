@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import pytest
 
@@ -86,9 +86,10 @@ OPTIONS: dict[str, Option] = {
 }
 
 
-def add_options(parser: pytest.Parser) -> None:
+def add_options(parser: pytest.Parser, options: Iterable[Option] | None = None) -> None:
+    """The options (all of ``OPTIONS`` when None; another module's own ``Option``s otherwise)."""
     group = parser.getgroup("jaxlog", "jaxlog: record, check and profile JAX kernels")
-    for opt in OPTIONS.values():
+    for opt in OPTIONS.values() if options is None else options:
         default = ("on" if opt.default else "off") if opt.flag else opt.default
         where = f"env: {opt.env}" + (f"; ini: {opt.ini_name}" if opt.ini else "")
         text = f"{opt.help} (default: {default}; {where})"
@@ -105,6 +106,8 @@ def add_options(parser: pytest.Parser) -> None:
             ini_type = "bool" if opt.flag else "string"
             parser.addini(opt.ini_name, f"jaxlog: {opt.help} (default: {default}; env: {opt.env})",
                           type=ini_type, default=opt.default)
+    if options is not None:
+        return
     parser.addini(GOLDEN_DIR_INI, f"jaxlog: directory of golden trajectories, relative to rootdir "
                   f"(default: {GOLDEN_DIR_DEFAULT})", default=GOLDEN_DIR_DEFAULT)
 
@@ -126,10 +129,11 @@ class Sourced:
         return f"ini {self.name}" if self.origin == "ini" else self.name
 
 
-def lookup(config: pytest.Config, key: str, environ: Mapping[str, str] | None = None) -> Sourced:
-    """The value of option ``key``: command line > environment > ini > default. An empty
-    variable counts as unset (CI systems expand undefined variables to "")."""
-    opt = OPTIONS[key]
+def lookup(config: pytest.Config, key: str | Option, environ: Mapping[str, str] | None = None) -> Sourced:
+    """The value of option ``key`` (or of an ``Option`` added by another module): command line >
+    environment > ini > default. An empty variable counts as unset (CI systems expand undefined
+    variables to "")."""
+    opt = key if isinstance(key, Option) else OPTIONS[key]
     environ = os.environ if environ is None else environ
     value = config.getoption(opt.dest, None)
     if value is not None and value is not False:

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import pytest
 
 from ..errors import JaxlogError
+from .baselines import Baselines
 from .devices import child_spec
 from .discard import Discard
 from .run_errors import flagged
@@ -122,6 +123,8 @@ class TestState:
     kept_example: Path | None = None
     pending_example: Path | None = None  # the last example that passed inside its `with` (the test may still fail)
     fixtures: list[Refreshable] = field(default_factory=list)  # this test's fixture objects (refreshed for reports)
+    benchmarks: list[dict] = field(default_factory=list)  # jaxlog.benchmark figures (harness.baselines)
+    costs: list[dict] = field(default_factory=list)  # the costs check_cost compared
     _seen: list[Any] = field(default_factory=list)  # violation objects noted (by identity)
 
     @property
@@ -207,6 +210,7 @@ class JaxlogSession:
             clean = lookup(config, "clean_stale")
             self.clean_stale = parse_flag(clean.value, what("clean_stale", clean))
             self.compile_cache = self._resolve_compile_cache()
+            self.baselines = Baselines(config, self.worker)
         except JaxlogError as e:
             raise pytest.UsageError(str(e)) from None
         self._undo_compile_cache = None
@@ -398,6 +402,7 @@ class JaxlogSession:
                 props.append(("jaxlog.trace", self.display(path)))
         if kept:
             props.append(("jaxlog.dir", self.display(state.dir)))
+        props.extend(self.baselines.properties(state))
         entry = self._entry(item, outcome, reports, teardown_excinfo)
         entry.update(
             kept=kept,
@@ -409,6 +414,7 @@ class JaxlogSession:
             goldens=[{"path": self.manifest_path(g.path), "status": g.status} for g in state.goldens],
             notes=list(state.notes),
             examples=state.examples,
+            **self.baselines.entry_fields(state),
         )
         return entry
 
@@ -467,6 +473,7 @@ class JaxlogSession:
             lines.append("runs:")
             lines.extend(f"  {r.line()}" for r in state.runs)
         lines.append(f"compiles: {state.compiles}")
+        lines.extend(self.baselines.section_lines(state))
         for note in state.notes:
             lines.append(f"note: {note}")
         if "jaxlog" in getattr(item, "fixturenames", ()) and getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
@@ -547,6 +554,8 @@ class JaxlogSession:
             cached = sum(int(r.get("from_cache", 0)) for r in runs)
             tr.write_line(f"compile cache {self.display(self.compile_cache)}: {cached} of the {compiled} programs the "
                           f"runs needed came from it")
+        for line in self.baselines.summary_lines(self.entries.values(), self.display):
+            tr.write_line(line)
         rerun = {safe_name(nodeid) for nodeid in self.entries}  # replaced by this session's run of the test anyway
         removed = [n for n in self.removed_stale if n not in rerun]
         if removed:
