@@ -14,6 +14,7 @@ from .errors import JaxlogError
 from .harness.devices import ChildReports, DevicesPlugin, child_spec
 from .harness.factory import JaxlogFactory
 from .harness.fixture import JaxlogFixture
+from .harness.junit import JunitAttachments
 from .harness.options import add_options, marker_settings
 from .harness.processes import DistributedChild, ProcessesPlugin, start_distributed
 from .harness.session import REPORTS_KEY, SESSION_KEY, JaxlogSession, uses_jaxlog
@@ -36,6 +37,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(_Collector(session), "jaxlog-collector")
     config.pluginmanager.register(DevicesPlugin(session), "jaxlog-devices")
     config.pluginmanager.register(ProcessesPlugin(session), "jaxlog-processes")
+    config.pluginmanager.register(JunitAttachments(session), "jaxlog-junit")
     child = child_spec()
     if child is not None:
         config.pluginmanager.register(ChildReports(config, child), "jaxlog-child-reports")
@@ -147,7 +149,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         session.release_sigterm()
         session.release_compile_cache()  # a session that ended before sessionfinish
     for name in ("jaxlog-collector", "jaxlog-devices", "jaxlog-child-reports", "jaxlog-processes",
-                 "jaxlog-distributed-child"):
+                 "jaxlog-distributed-child", "jaxlog-junit"):
         registered = config.pluginmanager.get_plugin(name)
         if registered is not None:
             config.pluginmanager.unregister(registered)
