@@ -16,12 +16,14 @@ from .harness.factory import JaxlogFactory
 from .harness.fixture import JaxlogFixture
 from .harness.junit import JunitAttachments
 from .harness.options import add_options, marker_settings
+from .harness.report_plugin import ReportPlugin, add_report_option
 from .harness.processes import DistributedChild, ProcessesPlugin, start_distributed
 from .harness.session import REPORTS_KEY, SESSION_KEY, JaxlogSession, uses_jaxlog
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(parser)
+    add_report_option(parser)
 
 
 @pytest.hookimpl(trylast=True)  # after conftests' pytest_configure, which may set defaults (examples/conftest.py)
@@ -38,6 +40,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(DevicesPlugin(session), "jaxlog-devices")
     config.pluginmanager.register(ProcessesPlugin(session), "jaxlog-processes")
     config.pluginmanager.register(JunitAttachments(session), "jaxlog-junit")
+    config.pluginmanager.register(ReportPlugin(session), "jaxlog-report")
     child = child_spec()
     if child is not None:
         config.pluginmanager.register(ChildReports(config, child), "jaxlog-child-reports")
@@ -149,7 +152,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         session.release_sigterm()
         session.release_compile_cache()  # a session that ended before sessionfinish
     for name in ("jaxlog-collector", "jaxlog-devices", "jaxlog-child-reports", "jaxlog-processes",
-                 "jaxlog-distributed-child", "jaxlog-junit"):
+                 "jaxlog-distributed-child", "jaxlog-junit", "jaxlog-report"):
         registered = config.pluginmanager.get_plugin(name)
         if registered is not None:
             config.pluginmanager.unregister(registered)
