@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any, Iterable
 from urllib.parse import quote
 
-from ..store import manifest
 from .sparkline import MAX_POINTS, downsample, sparkline_svg
 
 NAME = "report.html"
+TITLE = "<title>jaxlog report</title>"  # how a page of ours is told from another file of that name
 MAX_EMBEDDED_PLOTS = 40
 MAX_PLOT_BYTES = 2_000_000
 MAX_SPARK_TESTS = 50
@@ -53,13 +53,15 @@ img.plot{max-width:100%;border:1px solid #ccc;margin:.3em 0;display:block}
 def render(doc: dict, base: Path, out_dir: Path, messages: dict[str, str] | None = None) -> str:
     """The page for manifest ``doc`` (its paths relative to ``base``), linking files relative to
     ``out_dir`` (where the page is written); ``messages``: each failed test's failure text."""
+    from ..store import manifest  # lazy, as every package layer on the pytest side
+
     messages = messages or {}
     tests = sorted(manifest.tests(doc), key=lambda t: (t.get("outcome") in QUIET, str(t.get("nodeid"))))
     budget = Budget()
     failures = [t for t in tests if t.get("outcome") not in QUIET]
     parts = [f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
              f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
-             f"<title>jaxlog report</title><style>{STYLE}</style></head><body>",
+             f"{TITLE}<style>{STYLE}</style></head><body>",
              "<h1>jaxlog report</h1>", _headline(doc, tests, failures)]
     if failures:
         parts.append(f"<h2>Failures ({len(failures)})</h2>")
@@ -91,6 +93,8 @@ class Budget:
 
 
 def _headline(doc: dict, tests: list[dict], failures: list[dict]) -> str:
+    from ..store import manifest
+
     finished = doc.get("finished")
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(finished)) if isinstance(finished, (int, float)) else "?"
     keep = manifest.settings(doc).get("keep")
@@ -104,6 +108,8 @@ def _badge(outcome: Any) -> str:
 
 
 def _failure(t: dict, base: Path, out_dir: Path, message: str, budget: Budget) -> str:
+    from ..store import manifest
+
     out = [f'<section class="failure"><h3>{_badge(t.get("outcome"))} <code>{escape(str(t.get("nodeid")))}</code>'
            f"</h3>"]
     text = message or "\n".join(_messages(t))
@@ -218,6 +224,20 @@ def _record_sparks(path: Path, room: int) -> Iterable[tuple[str, str]]:
         return out
     except Exception as e:  # a damaged file: said in the page, never a failed report
         return [(path.name, f'<span class="muted">unreadable: {escape(type(e).__name__)}</span>')]
+
+
+def remove_stale(path: Path) -> bool:
+    """Remove an earlier session's report at ``path`` (a page of ours only): a session without a
+    report leaves none that shows another session's failures."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2000)
+    except OSError:
+        return False
+    if TITLE.encode() not in head:
+        return False
+    path.unlink(missing_ok=True)
+    return True
 
 
 def write(path: Path, text: str) -> Path:

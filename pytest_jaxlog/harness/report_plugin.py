@@ -76,14 +76,18 @@ class ReportPlugin:
 
     @pytest.hookimpl(trylast=True)  # after the plugin's own hook has written the manifest
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        if self.path is None:
-            return
         from ..store import manifest
-        from .report import render, write
+        from .report import NAME, remove_stale, render, write
+
+        if self.session.worker is not None or session.config.option.collectonly:
+            return
+        if self.path is None:
+            remove_stale(self.session.base / NAME)
+            return
 
         found = self.session.base / manifest.NAME
-        if not found.is_file():  # no jaxlog test ran
-            return
+        if not (self.session.entries or self.session.previous_manifest) or not found.is_file():
+            return  # no manifest written by this session: no jaxlog test ran
         try:
             doc = manifest.read(found)
             self.written = write(self.path, render(doc, self.session.base, self.path.parent, self.messages))
