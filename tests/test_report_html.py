@@ -155,11 +155,21 @@ def test_keep_failed_is_the_default_and_the_option_turns_it_off_or_moves_it(pyte
     assert FAILING_ID in text and not _embedded_pngs(text)  # nothing kept: no plot to show
 
 
-def test_a_bare_option_before_a_directory_is_a_usage_error(pytester):
-    pytester.makepyfile(test_suite=SUITE)
+def test_a_bare_option_before_a_test_path_is_a_usage_error_that_overwrites_nothing(pytester):
+    test_file = pytester.makepyfile(test_suite=SUITE)
     result = pytester.runpytest(*RUN, "--jaxlog-report", str(pytester.path))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*is a directory; the report is a file: give it as --jaxlog-report=PATH*"])
+    result = pytester.runpytest(*RUN, "--jaxlog-report", str(test_file))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*test_suite.py is not an .html file: give it as --jaxlog-report=PATH*"])
+    assert "def test_energy_drift" in test_file.read_text() and "<html" not in test_file.read_text()
+    other = pytester.path / "notes.html"
+    other.write_text("<p>mine</p>")
+    result = pytester.runpytest(*RUN, f"--jaxlog-report={other}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*notes.html exists and is not a jaxlog report (it is never overwritten)*"])
+    assert other.read_text() == "<p>mine</p>"
 
 
 def test_under_xdist_the_controller_writes_one_report_of_every_worker(pytester):

@@ -226,15 +226,19 @@ def _record_sparks(path: Path, room: int) -> Iterable[tuple[str, str]]:
         return [(path.name, f'<span class="muted">unreadable: {escape(type(e).__name__)}</span>')]
 
 
+def is_report(path: Path) -> bool:
+    """Whether the file at ``path`` is a page of ours (else it is never overwritten or removed)."""
+    try:
+        with open(path, "rb") as f:
+            return TITLE.encode() in f.read(2000)
+    except OSError:
+        return False
+
+
 def remove_stale(path: Path) -> bool:
     """Remove an earlier session's report at ``path`` (a page of ours only): a session without a
     report leaves none that shows another session's failures."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(2000)
-    except OSError:
-        return False
-    if TITLE.encode() not in head:
+    if not is_report(path):
         return False
     path.unlink(missing_ok=True)
     return True

@@ -30,7 +30,7 @@ def add_report_option(parser: pytest.Parser) -> None:
 
 def report_path(session: JaxlogSession) -> Path | None:
     """Where the session's report goes, or None (off)."""
-    from .report import NAME
+    from .report import NAME, is_report
 
     src = lookup(session.config, REPORT)
     text = str(src.value).strip()
@@ -46,9 +46,16 @@ def report_path(session: JaxlogSession) -> Path | None:
         return session.base / NAME if on else None
     where = session.invocation_dir if src.origin in ("cli", "env") else session.rootdir
     path = (where / os.path.expanduser(text)).resolve()
+    why = None
     if path.is_dir():
-        raise pytest.UsageError(f"{what('report', src)}: {path} is a directory; the report is a file: give it as "
-                                f"{REPORT.flag_name}=PATH (a bare {REPORT.flag_name} takes the next argument)")
+        why = "is a directory; the report is a file"
+    elif path.suffix.lower() not in (".html", ".htm"):
+        why = "is not an .html file"
+    elif path.exists() and not is_report(path):
+        why = "exists and is not a jaxlog report (it is never overwritten)"
+    if why is not None:
+        raise pytest.UsageError(f"{what('report', src)}: {path} {why}: give it as {REPORT.flag_name}=PATH "
+                                f"(a bare {REPORT.flag_name} takes the next argument)")
     return path
 
 
