@@ -183,3 +183,20 @@ def test_cli_plot_marks_a_step_on_the_named_record(tmp_path):
     assert r.stdout.strip() == f"wrote {out} (1 record)"
     svg = out.read_text()
     assert "step 17" in svg and "energy/total" in svg and "<svg" in svg
+
+
+def test_an_aggregate_violation_draws_its_window_and_the_statistic_across_it():
+    from pytest_jaxlog.check.plot import draw_violation
+
+    r = jl.run(_decay(1.01), jnp.ones(()), 100, record={"t": lambda s: s}, progress=False, on_violation="record",
+               invariants=[jl.aggregate("t", "mean", hi=1.2, steps=jl.window(20, 80))])
+    v = r.violation
+    mean = float(np.mean(np.asarray(r.trajectory["t"], np.float64)[20:81]))
+    assert np.isclose(float(v.value), mean)
+    (ax,) = draw_violation(r.trajectory, v).axes
+    (span,) = [p for p in ax.patches if p.get_label() == "window, steps 20..80"]
+    x0, x1 = span.get_extents().transformed(ax.transData.inverted()).get_points()[:, 0]
+    np.testing.assert_allclose([x0, x1], [20, 80])
+    (stat,) = [c for c in ax.collections if c.get_label() == f"mean over the window {float(v.value):.6g}"]
+    np.testing.assert_allclose(stat.get_segments()[0], [[20, float(v.value)], [80, float(v.value)]])
+    assert float(v.value) > 1.2 and "bound 1.2" in [ln.get_label() for ln in ax.get_lines()]

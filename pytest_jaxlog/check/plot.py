@@ -26,6 +26,7 @@ INSTALL_PLOT = "pip install 'pytest-jaxlog[plot]' (matplotlib)"
 HOW_TO_PLOT = f"{INSTALL_PLOT} to get a plot of each failing invariant"
 MAX_LINES = 16  # elements of a non-scalar record drawn at most
 
+_WINDOW = re.compile(r"^(?P<reduce>\w+) over .*?: \d+ frames? at steps? (?P<lo>-?\d+)(?:\.\.(?P<hi>-?\d+))?")
 _BOUND = re.compile(r"^(?:in \[(?P<lo>[^,\]]+), (?P<hi>[^\]]+)\]|>= (?P<ge>\S+)|<= (?P<le>\S+))$")
 
 
@@ -76,6 +77,7 @@ def draw_violation(trajectory: Any, violation: Any) -> Any:
     for j in range(values.shape[1]):
         ax.plot(steps, values[:, j], lw=1.2 if values.shape[1] == 1 else 0.8, label=label if j == 0 else None)
     _reference(ax, violation)
+    _aggregate_window(ax, violation)
     bad = violation.step
     ax.axvline(bad, color="tab:red", ls="--", lw=1, label=f"first bad step {bad}")
     value = _number(violation.value)
@@ -118,6 +120,19 @@ def _reference(ax: Any, violation: Any) -> None:
         bound = _number(found.group(name))
         if bound is not None:
             ax.axhline(bound, color="tab:orange", lw=1, label=f"bound {bound:.6g}")
+
+
+def _aggregate_window(ax: Any, violation: Any) -> None:
+    """An aggregate's window shaded and its statistic drawn across it: the bound applies to the
+    statistic (a mean after burn-in), not to each value."""
+    found = _WINDOW.match(str(getattr(violation, "detail", None) or ""))
+    value = _number(violation.value)
+    if found is None or value is None:
+        return
+    lo = int(found.group("lo"))
+    hi = int(found.group("hi") or lo)
+    ax.axvspan(lo, hi, color="0.5", alpha=0.1, label=f"window, steps {lo}..{hi}")
+    ax.hlines(value, lo, hi, color="tab:purple", lw=2, label=f"{found.group('reduce')} over the window {value:.6g}")
 
 
 def _number(value: Any) -> float | None:
