@@ -10,7 +10,8 @@ file is escaped, and a Content-Security-Policy allows nothing but inline styles 
 images, so a hostile test id or record name can neither inject markup nor make the page load
 anything. The page stays small for a big session: ``MAX_EMBEDDED_PLOTS`` plots of at most
 ``MAX_PLOT_BYTES`` each are embedded (the rest are linked), sparklines are drawn for at most
-``MAX_SPARK_TESTS`` tests, ``MAX_SPARKS_PER_TEST`` records each, ``sparkline.MAX_POINTS`` points each.
+``MAX_SPARK_TESTS`` tests, ``MAX_SPARKS_PER_TEST`` records each, ``sparkline.MAX_POINTS`` points each,
+and trajectories are read for them for ``MAX_SPARK_SECONDS`` at most.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ MAX_EMBEDDED_PLOTS = 40
 MAX_PLOT_BYTES = 2_000_000
 MAX_SPARK_TESTS = 50
 MAX_SPARKS_PER_TEST = 8
+MAX_SPARK_SECONDS = 10.0  # reading trajectories for sparklines stops after this long (a session's end stays quick)
 MAX_MESSAGE_CHARS = 6000
 QUIET = ("passed", "skipped", "xfailed")
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
@@ -80,11 +82,20 @@ class Budget:
         self.plots_linked = 0
         self.spark_tests = 0
         self.spark_tests_skipped = 0
+        self.spark_deadline = time.monotonic() + MAX_SPARK_SECONDS
+
+    def spark_room(self) -> bool:
+        """Whether one more test gets sparklines (else it is counted as left out)."""
+        if self.spark_tests >= MAX_SPARK_TESTS or time.monotonic() > self.spark_deadline:
+            self.spark_tests_skipped += 1
+            return False
+        self.spark_tests += 1
+        return True
 
     def note(self) -> str:
         out = (f"caps: {MAX_EMBEDDED_PLOTS} embedded plots of at most {MAX_PLOT_BYTES // 1000} kB, sparklines for "
                f"{MAX_SPARK_TESTS} tests, {MAX_SPARKS_PER_TEST} records each, at most "
-               f"{MAX_POINTS} points each")
+               f"{MAX_POINTS} points each, {MAX_SPARK_SECONDS:g} s of reading")
         if self.plots_linked:
             out += f"; {self.plots_linked} plots linked, not embedded"
         if self.spark_tests_skipped:
@@ -190,10 +201,8 @@ def _sparks(t: dict, base: Path, budget: Budget) -> str:
     trajectories = [base / rel for key, rel in _artifacts(t) if key.rsplit(":", 1)[-1] == "trajectory"]
     if not trajectories:
         return ""
-    if budget.spark_tests >= MAX_SPARK_TESTS:
-        budget.spark_tests_skipped += 1
+    if not budget.spark_room():
         return ""
-    budget.spark_tests += 1
     out: list[str] = []
     for path in trajectories:
         for name, svg in _record_sparks(path, MAX_SPARKS_PER_TEST - len(out)):
