@@ -200,3 +200,14 @@ def test_an_aggregate_violation_draws_its_window_and_the_statistic_across_it():
     (stat,) = [c for c in ax.collections if c.get_label() == f"mean over the window {float(v.value):.6g}"]
     np.testing.assert_allclose(stat.get_segments()[0], [[20, float(v.value)], [80, float(v.value)]])
     assert float(v.value) > 1.2 and "bound 1.2" in [ln.get_label() for ln in ax.get_lines()]
+
+
+def test_under_xdist_the_controller_attaches_the_workers_plots_to_junit(pytester):
+    pytester.makepyfile(test_g=GOLDEN_TEST.format(rate=0.99))
+    pytester.runpytest(*RUN, "--jaxlog-regen").assert_outcomes(passed=1)
+    pytester.makepyfile(test_g=GOLDEN_TEST.format(rate=0.98))
+    result = pytester.runpytest_subprocess(*RUN, "-n", "2", "--junitxml=junit.xml")
+    result.assert_outcomes(failed=1)
+    case = ET.parse(pytester.path / "junit.xml").getroot().find(".//testcase")
+    assert [el.text for el in case.findall("system-out")] == [f"[[ATTACHMENT|{DIR}/golden-diff.png]]\n"]
+    assert (pytester.path / DIR / "golden-diff.png").read_bytes()[:8] == PNG
