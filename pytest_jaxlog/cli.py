@@ -63,7 +63,8 @@ def _parser() -> argparse.ArgumentParser:
                           "(or time with --time). Needs matplotlib: pip install 'pytest-jaxlog[plot]'.")
     plot.add_argument("file", metavar="FILE", help="a jaxlog HDF5 trajectory (.h5)")
     plot.add_argument("records", nargs="*", metavar="RECORD", help="records to plot (default: every scalar record)")
-    plot.add_argument("-o", "--output", required=True, help="output image (.png, .svg, .pdf)")
+    plot.add_argument("-o", "--output", help="output image (.png, .svg, .pdf; default: beside FILE, named "
+                      "<FILE's stem>-plot.png)")
     plot.add_argument("--time", action="store_true", help="x axis is time (needs dt) instead of step")
     plot.add_argument("--record", action="append", default=[], metavar="RECORD",
                       help="a record to plot (repeatable; adds to the RECORD arguments)")
@@ -415,7 +416,7 @@ def cmd_plot(args) -> int:
     import matplotlib.pyplot as plt
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    out = Path(args.output)
+    out = Path(args.output) if args.output else Path(args.file).with_name(f"{Path(args.file).stem}-plot.png")
     if out.is_dir():
         raise UsageError(f"[jaxlog] output {args.output} is a directory; name the image file, e.g. {out / 'plot.png'}")
     if not out.suffix:  # matplotlib would write <name>.png and we would report <name>

@@ -183,6 +183,10 @@ def test_cli_plot_marks_a_step_on_the_named_record(tmp_path):
     assert r.stdout.strip() == f"wrote {out} (1 record)"
     svg = out.read_text()
     assert "step 17" in svg and "energy/total" in svg and "<svg" in svg
+    r = subprocess.run([sys.executable, "-m", "pytest_jaxlog", "plot", str(path), "--record", "energy/total",
+                        "--mark-step", "17"], capture_output=True, text=True)  # no -o: beside the file
+    assert r.returncode == 0 and r.stdout.strip() == f"wrote {tmp_path / 'run-plot.png'} (1 record)", r.stderr
+    assert (tmp_path / "run-plot.png").read_bytes()[:8] == PNG
 
 
 def test_an_aggregate_violation_draws_its_window_and_the_statistic_across_it():
