@@ -67,8 +67,13 @@ def _parser() -> argparse.ArgumentParser:
                           "(or time with --time). Needs matplotlib: pip install 'pytest-jaxlog[plot]'.")
     plot.add_argument("file", metavar="FILE", help="a jaxlog HDF5 trajectory (.h5)")
     plot.add_argument("records", nargs="*", metavar="RECORD", help="records to plot (default: every scalar record)")
-    plot.add_argument("-o", "--output", required=True, help="output image (.png, .svg, .pdf)")
+    plot.add_argument("-o", "--output", help="output image (.png, .svg, .pdf; default: beside FILE, named "
+                      "<FILE's stem>-plot.png)")
     plot.add_argument("--time", action="store_true", help="x axis is time (needs dt) instead of step")
+    plot.add_argument("--record", action="append", default=[], metavar="RECORD",
+                      help="a record to plot (repeatable; adds to the RECORD arguments)")
+    plot.add_argument("--mark-step", type=_count, metavar="N",
+                      help="mark step N (e.g. a failure's first bad step) with a dashed line on every record")
 
     summary = sub.add_parser("summary", help="the tests that failed or kept artifacts, from .jaxlog manifests (for CI)",
                              description="Summarise the manifest.json files the pytest plugin writes (one per "
@@ -416,8 +421,8 @@ def cmd_plot(args) -> int:
     traj = _load(args.file)
     from .golden import select_records
 
-    if args.records:
-        paths = select_records(args.records, traj)
+    if args.records or args.record:
+        paths = select_records([*args.records, *args.record], traj)
     else:
         paths = tuple(p for p in traj.records if int(np.prod(_leaf_info(traj, p)["shape"], dtype=np.int64)) == 1)
         if not paths:
@@ -430,7 +435,7 @@ def cmd_plot(args) -> int:
     import matplotlib.pyplot as plt
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    out = Path(args.output)
+    out = Path(args.output) if args.output else Path(args.file).with_name(f"{Path(args.file).stem}-plot.png")
     if out.is_dir():
         raise UsageError(f"[jaxlog] output {args.output} is a directory; name the image file, e.g. {out / 'plot.png'}")
     if not out.suffix:  # matplotlib would write <name>.png and we would report <name>
@@ -469,6 +474,8 @@ def cmd_plot(args) -> int:
             ax.legend(fontsize="x-small")
         ax.set_ylabel(path, fontsize="small")
         ax.grid(alpha=0.3)
+        if args.mark_step is not None:
+            mark_step(ax, np.asarray(traj.steps(path)), x if args.time else None, args.mark_step)
     axes[-1, 0].set_xlabel(xlabel)
     status = getattr(traj, "status", None)
     fig.suptitle(f"{Path(args.file).name}" + (f" ({status})" if status else ""), fontsize="medium")
@@ -477,6 +484,13 @@ def cmd_plot(args) -> int:
     plt.close(fig)
     print(f"wrote {out} ({len(paths)} record{'s' if len(paths) != 1 else ''})")
     return 0
+
+
+def mark_step(ax, steps: np.ndarray, time: np.ndarray | None, step: int) -> None:
+    """A dashed red line at ``step`` (at its time when the x axis is ``time``), as failure plots mark it."""
+    at = float(np.interp(step, steps, time)) if time is not None and len(steps) else float(step)
+    ax.axvline(at, color="tab:red", ls="--", lw=1, label=f"step {step}")
+    ax.legend(fontsize="x-small")
 
 
 # summary --------------------------------------------------------------------
@@ -550,7 +564,9 @@ def _manifest_lines(path: Path, doc: dict, markdown: bool) -> tuple[list[str], i
         for kind, rel in sorted((t.get("artifacts") or {}).items()):
             if "trace" in kind or "timeline" in kind or str(rel).endswith((".pftrace", ".json.gz")):
                 traces += 1
-            lines.append(f"{sub}{kind}: {code(_in_manifest(base, rel))}")
+            where = _in_manifest(base, rel)
+            shown_path = _link(where) if markdown and manifest.is_plot(kind) else code(where)
+            lines.append(f"{sub}{kind}: {shown_path}")
     goldens = [(g.get("status"), _in_manifest(base, g.get("path", ""))) for t in tests
                for g in t.get("goldens") or [] if g.get("status") in ("regenerated", "created")]
     for status, p in sorted(goldens):
@@ -566,6 +582,15 @@ def _manifest_lines(path: Path, doc: dict, markdown: bool) -> tuple[list[str], i
     if markdown:
         lines.append("")
     return lines, traces
+
+
+def _link(path: str) -> str:
+    """A Markdown link to ``path`` (a plot), its text and target escaped: a job summary shows it as a link."""
+    from urllib.parse import quote
+
+    target = quote(path.replace("\\", "/"), safe="/._-~")
+    text = re.sub(r"([\\`*_\[\]<>])", r"\\\1", path)
+    return f"[{text}]({target})"
 
 
 def summarize(manifests: list[tuple[Path, dict]], markdown: bool) -> str:

@@ -15,8 +15,10 @@ from .harness.baselines import add_options as add_benchmark_options
 from .harness.devices import ChildReports, DevicesPlugin, child_spec
 from .harness.factory import JaxlogFactory
 from .harness.fixture import JaxlogFixture
+from .harness.junit import JunitAttachments
 from .harness.options import add_options, marker_settings
 from .harness import run_errors
+from .harness.report_plugin import ReportPlugin, add_report_option
 from .harness.processes import DistributedChild, ProcessesPlugin, start_distributed
 from .harness.session import REPORTS_KEY, SESSION_KEY, JaxlogSession, uses_jaxlog
 
@@ -24,6 +26,7 @@ from .harness.session import REPORTS_KEY, SESSION_KEY, JaxlogSession, uses_jaxlo
 def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(parser)
     add_benchmark_options(parser)
+    add_report_option(parser)
 
 
 @pytest.hookimpl(trylast=True)  # after conftests' pytest_configure, which may set defaults (examples/conftest.py)
@@ -39,6 +42,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(_Collector(session), "jaxlog-collector")
     config.pluginmanager.register(DevicesPlugin(session), "jaxlog-devices")
     config.pluginmanager.register(ProcessesPlugin(session), "jaxlog-processes")
+    config.pluginmanager.register(JunitAttachments(session), "jaxlog-junit")
+    config.pluginmanager.register(ReportPlugin(session), "jaxlog-report")
     child = child_spec()
     if child is not None:
         config.pluginmanager.register(ChildReports(config, child), "jaxlog-child-reports")
@@ -156,7 +161,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         session.release_sigterm()
         session.release_compile_cache()  # a session that ended before sessionfinish
     for name in ("jaxlog-collector", "jaxlog-devices", "jaxlog-child-reports", "jaxlog-processes",
-                 "jaxlog-distributed-child"):
+                 "jaxlog-distributed-child", "jaxlog-junit", "jaxlog-report"):
         registered = config.pluginmanager.get_plugin(name)
         if registered is not None:
             config.pluginmanager.unregister(registered)

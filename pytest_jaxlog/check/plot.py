@@ -20,10 +20,13 @@ import numpy as np
 
 from ..errors import JaxlogError
 
+#: How to get matplotlib, the ``plot`` extra.
+INSTALL_PLOT = "pip install 'pytest-jaxlog[plot]' (matplotlib)"
 #: What a failure says when matplotlib is missing.
-HOW_TO_PLOT = "pip install 'pytest-jaxlog[plot]' (matplotlib) to get a plot of each failing invariant"
+HOW_TO_PLOT = f"{INSTALL_PLOT} to get a plot of each failing invariant"
 MAX_LINES = 16  # elements of a non-scalar record drawn at most
 
+_WINDOW = re.compile(r"^(?P<reduce>\w+) over .*?: \d+ frames? at steps? (?P<lo>-?\d+)(?:\.\.(?P<hi>-?\d+))?")
 _BOUND = re.compile(r"^(?:in \[(?P<lo>[^,\]]+), (?P<hi>[^\]]+)\]|>= (?P<ge>\S+)|<= (?P<le>\S+))$")
 
 
@@ -38,7 +41,24 @@ def have_matplotlib() -> bool:
 def plot_violation(trajectory: Any, violation: Any, path: str | os.PathLike) -> Path:
     """Draw ``violation`` (a ``jl.InvariantViolation``) from ``trajectory`` (``jl.load`` or
     ``run.trajectory``) into ``path`` (PNG or SVG by its suffix) and return the path."""
-    fig = draw_violation(trajectory, violation)
+    return save_figure(draw_violation(trajectory, violation), path)
+
+
+def new_figure(width: float, height: float, what: str) -> Any:
+    """A ``matplotlib.figure.Figure`` on its own Agg canvas; without matplotlib a JaxlogError
+    saying how to get ``what`` (e.g. "the violation") drawn."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise JaxlogError(f"no plot of {what}: {HOW_TO_PLOT if what == 'the violation' else INSTALL_PLOT}") from exc
+    fig = Figure(figsize=(width, height), dpi=100)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def save_figure(fig: Any, path: str | os.PathLike) -> Path:
+    """Write ``fig`` to ``path`` (format by suffix), creating its folder; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
@@ -47,22 +67,17 @@ def plot_violation(trajectory: Any, violation: Any, path: str | os.PathLike) -> 
 
 def draw_violation(trajectory: Any, violation: Any) -> Any:
     """The violation's figure (a ``matplotlib.figure.Figure`` on an Agg canvas)."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as exc:
-        raise JaxlogError(f"no plot of the violation: {HOW_TO_PLOT}") from exc
+    fig = new_figure(8, 4.5, "the violation")
     record = violation.record
     steps = np.asarray(trajectory.steps(record))
     values = _series(np.asarray(trajectory[record]), violation)
-    fig = Figure(figsize=(8, 4.5), dpi=100)
-    FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     element = "" if violation.index is None else "[" + ", ".join(map(str, violation.index)) + "]"
     label = record + element + ("" if violation.system is None else f" (system {violation.system})")
     for j in range(values.shape[1]):
         ax.plot(steps, values[:, j], lw=1.2 if values.shape[1] == 1 else 0.8, label=label if j == 0 else None)
     _reference(ax, violation)
+    _aggregate_window(ax, violation)
     bad = violation.step
     ax.axvline(bad, color="tab:red", ls="--", lw=1, label=f"first bad step {bad}")
     value = _number(violation.value)
@@ -105,6 +120,19 @@ def _reference(ax: Any, violation: Any) -> None:
         bound = _number(found.group(name))
         if bound is not None:
             ax.axhline(bound, color="tab:orange", lw=1, label=f"bound {bound:.6g}")
+
+
+def _aggregate_window(ax: Any, violation: Any) -> None:
+    """An aggregate's window shaded and its statistic drawn across it: the bound applies to the
+    statistic (a mean after burn-in), not to each value."""
+    found = _WINDOW.match(str(getattr(violation, "detail", None) or ""))
+    value = _number(violation.value)
+    if found is None or value is None:
+        return
+    lo = int(found.group("lo"))
+    hi = int(found.group("hi") or lo)
+    ax.axvspan(lo, hi, color="0.5", alpha=0.1, label=f"window, steps {lo}..{hi}")
+    ax.hlines(value, lo, hi, color="tab:purple", lw=2, label=f"{found.group('reduce')} over the window {value:.6g}")
 
 
 def _number(value: Any) -> float | None:

@@ -54,7 +54,12 @@ def check_cost(session: JaxlogSession, state: TestState, checked: set[Path], run
     else:
         moved = costfile.compare(entries[key].get("metrics", {}), cost.metrics(), rtol, metrics)
         if moved:
-            raise CostRegression(_message(shown, key, moved, rtol), tuple(moved))
+            from . import failure_plots
+
+            exc = CostRegression(_message(shown, key, moved, rtol), tuple(moved))
+            failure_plots.cost_regression(session, state, entries[key].get("metrics", {}), cost.metrics(), rtol,
+                                          metrics, moved, f"{state.nodeid}: cost against {shown} [{key}]", name, exc)
+            raise exc
         status = "ok"
     state.goldens.append(GoldenNote(path, status))
     return status

@@ -36,7 +36,8 @@ def golden_path(session: JaxlogSession, nodeid: str, name: str | None) -> Path:
 def check(session: JaxlogSession, state: TestState, checked: set[Path], run: Any, name: str | None,
           options: dict[str, Any]) -> str:
     """The fixture's ``check_golden``: compare, regenerate or create; returns ok|regenerated|created."""
-    from ..golden import check_golden, diff_trajectories
+    from ..golden import TrajectoryMismatch, check_golden, diff_trajectories
+    from . import failure_plots
 
     __tracebackhide__ = True
     if name is not None and (not _NAME.fullmatch(str(name)) or str(name).startswith(".")):
@@ -60,7 +61,11 @@ def check(session: JaxlogSession, state: TestState, checked: set[Path], run: Any
     elif not path.exists():
         raise JaxlogAssertionError(missing_message(session, state.nodeid, path))
     else:
-        status = check_golden(run, path, regen=False, **options)
+        try:
+            status = check_golden(run, path, regen=False, **options)
+        except TrajectoryMismatch as exc:
+            failure_plots.golden_mismatch(session, state, run, path, name, exc)
+            raise
     state.goldens.append(GoldenNote(path, status))
     if status == "regenerated":
         warnings.warn(JaxlogRuntimeWarning(

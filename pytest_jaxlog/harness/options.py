@@ -39,6 +39,7 @@ class Option:
     metavar: str | None = None
     flag: bool = False  # on/off: `--jaxlog-<key>` with no value; the variable takes 1/0, true/false, yes/no, on/off
     ini: bool = True
+    const: str | None = None  # the value of `--jaxlog-<key>` given without one (`--jaxlog-<key>[=VALUE]`)
 
     @property
     def flag_name(self) -> str:
@@ -88,28 +89,35 @@ OPTIONS: dict[str, Option] = {
 
 def add_options(parser: pytest.Parser, options: Iterable[Option] | None = None) -> None:
     """The options (all of ``OPTIONS`` when None; another module's own ``Option``s otherwise)."""
-    group = parser.getgroup("jaxlog", "jaxlog: record, check and profile JAX kernels")
     for opt in OPTIONS.values() if options is None else options:
-        default = ("on" if opt.default else "off") if opt.flag else opt.default
-        where = f"env: {opt.env}" + (f"; ini: {opt.ini_name}" if opt.ini else "")
-        text = f"{opt.help} (default: {default}; {where})"
-        kwargs: dict[str, Any] = {"dest": opt.dest, "default": None, "help": text}
-        if opt.flag:
-            kwargs["action"] = "store_true"
-        else:
-            if opt.choices:
-                kwargs["choices"] = opt.choices
-            if opt.metavar:
-                kwargs["metavar"] = opt.metavar
-        group.addoption(opt.flag_name, **kwargs)
-        if opt.ini:
-            ini_type = "bool" if opt.flag else "string"
-            parser.addini(opt.ini_name, f"jaxlog: {opt.help} (default: {default}; env: {opt.env})",
-                          type=ini_type, default=opt.default)
+        add_option(parser, opt)
     if options is not None:
         return
     parser.addini(GOLDEN_DIR_INI, f"jaxlog: directory of golden trajectories, relative to rootdir "
                   f"(default: {GOLDEN_DIR_DEFAULT})", default=GOLDEN_DIR_DEFAULT)
+
+
+def add_option(parser: pytest.Parser, opt: Option) -> None:
+    """``opt`` as a command-line option of the jaxlog group and (``opt.ini``) an ini key."""
+    group = parser.getgroup("jaxlog", "jaxlog: record, check and profile JAX kernels")
+    default = ("on" if opt.default else "off") if opt.flag else opt.default
+    where = f"env: {opt.env}" + (f"; ini: {opt.ini_name}" if opt.ini else "")
+    text = f"{opt.help} (default: {default}; {where})"
+    kwargs: dict[str, Any] = {"dest": opt.dest, "default": None, "help": text}
+    if opt.flag:
+        kwargs["action"] = "store_true"
+    else:
+        if opt.choices:
+            kwargs["choices"] = opt.choices
+        if opt.metavar:
+            kwargs["metavar"] = opt.metavar
+        if opt.const is not None:
+            kwargs.update(nargs="?", const=opt.const)
+    group.addoption(opt.flag_name, **kwargs)
+    if opt.ini:
+        ini_type = "bool" if opt.flag else "string"
+        parser.addini(opt.ini_name, f"jaxlog: {opt.help} (default: {default}; env: {opt.env})",
+                      type=ini_type, default=opt.default)
 
 
 @dataclass(frozen=True)

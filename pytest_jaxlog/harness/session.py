@@ -400,6 +400,8 @@ class JaxlogSession:
                 props.append(("jaxlog.trajectory", self.display(path)))
             elif kind in ("jax_trace", "timeline"):
                 props.append(("jaxlog.trace", self.display(path)))
+            elif kind == "plot":
+                props.append(("jaxlog.plot", self.display(path)))
         if kept:
             props.append(("jaxlog.dir", self.display(state.dir)))
         props.extend(self.baselines.properties(state))

@@ -131,5 +131,10 @@ def artifact_dirs(doc: dict[str, Any]) -> list[dict]:
     return out + stale(doc)
 
 
+def is_plot(key: str) -> bool:
+    """Whether artifact ``key`` is a plot: ``plot`` (a test's first) or ``<run or check>:plot``."""
+    return key == "plot" or key.endswith(":plot")
+
+
 def _list(value: Any) -> list:
     return value if isinstance(value, list) else []
