@@ -10,8 +10,9 @@ to its step on disk.
 
 Schedules are pure functions of the step number, and the step's key is ``fold_in(key, k)``:
 nothing else about the run's progress needs saving. ``jl.resume`` copies the frames up to the
-checkpoint into a new file that replaces the old one only once it is valid (the old one is read
-through a second name meanwhile), then runs from the checkpoint into it.
+checkpoint into a new file that replaces the old one only once it holds them and that checkpoint
+(``store.swap``; the old one is read through a second name meanwhile), then runs from the
+checkpoint into it.
 """
 
 from __future__ import annotations
@@ -203,9 +204,10 @@ def _resumable(path: Path) -> bool:
 
 
 def recover_interrupted(path: Path) -> None:
-    """Undo what a resume killed mid-way left: its new file may be in place before it holds a
-    checkpoint (an empty ``running`` file), the old trajectory only under its second name. The
-    old file comes back where the new one holds no checkpoint; the second names are removed."""
+    """Undo what a resume killed mid-way left: its second name of the old file, and (a resume of
+    an earlier version, which put its new file in place before it held a checkpoint) an empty
+    ``running`` file at the path. The old file comes back where the path holds no checkpoint;
+    the second names of dead processes are removed."""
     copies = [c for c in interrupted_copies(path) if not c.is_symlink() and c.is_file()]
     if not copies:
         return

@@ -25,8 +25,9 @@ def resume(path: str | os.PathLike, step: Callable, steps: int, *, like: Any = N
     refused, naming what differs. ``like``: a state of the kernel's own type (e.g. the initial
     state), so the checkpoint comes back as namedtuples or dataclasses; states made of dicts need
     none. The resumed file equals, bit for bit, the one an uninterrupted run writes: the frames
-    up to the checkpoint are copied into a new file that replaces the old one only once it is
-    valid, and the run goes on from the checkpoint's state and step. ``writer``: keyword arguments
+    up to the checkpoint are copied into a new file (under a temporary name) that replaces the old
+    one only once it holds them and the checkpoint, and the run goes on from the checkpoint's state
+    and step: a resume killed at any instant leaves a path that resumes. ``writer``: keyword arguments
     of the file's ``jl.HDF5Writer``; ``sinks``: more sinks, which get the whole trajectory too.
     """
     from ..store.hdf5 import HDF5Writer
@@ -49,7 +50,7 @@ def resume(path: str | os.PathLike, step: Callable, steps: int, *, like: Any = N
             like = plain if beyond_dicts(plain) else None
         state = rebuild_state(found.checkpoint.state, found.checkpoint.key_impls, like, point.meta, where)
         extra = list(sinks) if isinstance(sinks, (list, tuple)) else [sinks]
-        file_sink = HDF5Writer(Path(path), **(writer or {}))
+        file_sink = HDF5Writer(Path(path), **{"replace_at_checkpoint": point.step, **(writer or {})})
         result = resume_run(step, state, steps - point.step, point, start_step=point.step,
                             sinks=[file_sink, *extra], **kwargs)
     except BaseException as exc:
