@@ -4,6 +4,7 @@ whose step draws from ``key=``, checkpointed every 10 steps, with invariants tha
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 import pytest_jaxlog as jl
 from examples.kernels.langevin import make_langevin
@@ -53,3 +54,18 @@ def failed_file(path, at: int = 35) -> None:
         pass
     else:
         raise AssertionError("the run was to fail")
+
+
+def kicked(s):
+    """An oscillator kicked by noise drawn from the PRNG key it carries in its state (a dict:
+    it comes back from a checkpoint without ``like=``)."""
+    k1, k2 = jax.random.split(s["key"])
+    v = s["v"] - 0.05 * s["x"] + 0.02 * jax.random.normal(k1, s["v"].shape)
+    return {"x": s["x"] + 0.05 * v, "v": v, "key": k2}
+
+
+def energy(s):
+    return 0.5 * jnp.sum(s["x"] ** 2 + s["v"] ** 2)
+
+
+KICKED0 = {"x": jnp.linspace(-1.0, 1.0, 8), "v": jnp.zeros(8), "key": jax.random.key(3)}

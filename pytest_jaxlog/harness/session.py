@@ -67,6 +67,7 @@ class RunNote:
     stop_reason: str | None = None  # jl.run: until | steps | violation | interrupted
     from_cache: int = 0  # of the compiles, loaded from JAX's persistent compilation cache
     reused: int = 0  # programs the run ran that this process had compiled before (an equal kernel's)
+    resumed_from: int | None = None  # jl.resume: the checkpoint's step the run continued from
 
     def line(self) -> str:
         rate = "" if self.steps_per_s is None else f", {self.steps_per_s:.4g} steps/s"
@@ -75,6 +76,8 @@ class RunNote:
         plural = "" if self.compiles == 1 else "s"
         cached = f", {self.from_cache} from the compile cache" if self.from_cache else ""
         reused = f", {self.reused} reused" if self.reused else ""
+        if self.resumed_from is not None:
+            reused += f", resumed from step {self.resumed_from}"
         return (f"{self.name}: {self.steps} steps in {self.wall_s:.3g} s{rate}, {self.compiles} compile{plural}"
                 f"{cached}{reused}{status}")
 
@@ -152,6 +155,7 @@ class TestState:
         rate = getattr(t, "steps_per_s", None)
         status = getattr(obj, "status", None)
         reason = getattr(obj, "stop_reason", None)
+        resumed = getattr(obj, "resumed_from", None)
         self.runs.append(RunNote(
             name=label,
             steps=int(getattr(t, "steps", 0) or 0),
@@ -162,6 +166,7 @@ class TestState:
             stop_reason=reason if isinstance(reason, str) else None,
             from_cache=int(getattr(t, "from_cache", 0) or 0),
             reused=int(getattr(t, "reused", 0) or 0),
+            resumed_from=resumed if isinstance(resumed, int) else None,
         ))
 
     def drop_example(self, d: Path) -> None:
