@@ -37,7 +37,8 @@ class Checkpointer:
                                   invariants=[], active=[], violation=None, done=None, systems_done=None,
                                   state_leaves=state_leaves(state), treedef=str(jax.tree_util.tree_structure(state)),
                                   x64=bool(jax.config.read("jax_enable_x64")), schema=schema.to_json(), dt=cfg.dt,
-                                  programs=programs, checkpoint=None if cfg.checkpoint is None else cfg.checkpoint.to_json(),
+                                  programs=programs,
+                                  checkpoint=None if cfg.checkpoint is None else cfg.checkpoint.to_json(),
                                   invariant_specs=[spec_of(inv) for inv in cfg.invariants])
         return cls(pipe, template, state_key_impls(state), cfg.until is not None)
 

@@ -28,11 +28,14 @@ def resume(path: str | os.PathLike, step: Callable, steps: int, *, like: Any = N
     invariants (``drive.resume_defaults``); the step and the views (``record=``, ``until=``, ...)
     are code, which the file does not hold. ``like``: a state of the kernel's own type (e.g. the
     initial state), so the checkpoint comes back as namedtuples or dataclasses; states of dicts,
-    tuples and lists need none. ``run.resumed_from``: the checkpoint's step. The resumed file equals, bit for bit, the one an uninterrupted run writes: the frames
-    up to the checkpoint are copied into a new file (under a temporary name) that replaces the old
-    one only once it holds them and the checkpoint, and the run goes on from the checkpoint's state
-    and step: a resume killed at any instant leaves a path that resumes. ``writer``: keyword arguments
-    of the file's ``jl.HDF5Writer``; ``sinks``: more sinks, which get the whole trajectory too.
+    tuples and lists need none. ``run.resumed_from``: the checkpoint's step.
+
+    The resumed file equals, bit for bit, the one an uninterrupted run writes: the frames up to
+    the checkpoint are copied into a new file (under a temporary name) that replaces the old one
+    only once it holds them and the checkpoint, and the run goes on from the checkpoint's state
+    and step: a resume killed at any instant leaves a path that resumes. ``writer``: keyword
+    arguments of the file's ``jl.HDF5Writer``; ``sinks``: more sinks, which get the whole
+    trajectory too.
     """
     from ..store.hdf5 import HDF5Writer
 
