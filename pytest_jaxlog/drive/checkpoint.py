@@ -10,8 +10,9 @@ to its step on disk.
 
 Schedules are pure functions of the step number, and the step's key is ``fold_in(key, k)``:
 nothing else about the run's progress needs saving. ``jl.resume`` copies the frames up to the
-checkpoint into a new file that replaces the old one only once it is valid (the old one is read
-through a second name meanwhile), then runs from the checkpoint into it.
+checkpoint into a new file that replaces the old one only once it holds them and that checkpoint
+(``store.swap``; the old one is read through a second name meanwhile), then runs from the
+checkpoint into it.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ class CheckpointMeta:
     dt: float | None = None
     # what the step, views and predicates compute (drive.identity.fingerprints); None in older files
     programs: dict | None = None
+    # what a resume takes from the file when not given again; None in older files
+    checkpoint: dict | None = None  # the run's checkpoint schedule
+    invariant_specs: list | None = None  # check.specs.spec_of of each invariant (None: code, not stored)
 
     def encode(self) -> np.ndarray:
         return np.frombuffer(json.dumps(asdict(self)).encode(), dtype=np.uint8).copy()
@@ -75,7 +79,8 @@ _META_TYPES: dict[str, tuple] = {
     "step": (int,), "step_fn": (str,), "key": (list, type(None)), "key_impl": (str, type(None)),
     "invariants": (list,), "active": (list,), "violation": (dict, type(None)), "done": (list, bool, type(None)),
     "systems_done": (list, type(None)), "state_leaves": (dict,), "treedef": (str,), "x64": (bool,),
-    "schema": (dict,), "dt": (float, int, type(None)),
+    "schema": (dict,), "dt": (float, int, type(None)), "checkpoint": (dict, type(None)),
+    "invariant_specs": (list, type(None)),
 }
 
 
@@ -204,9 +209,10 @@ def _resumable(path: Path) -> bool:
 
 
 def recover_interrupted(path: Path) -> None:
-    """Undo what a resume killed mid-way left: its new file may be in place before it holds a
-    checkpoint (an empty ``running`` file), the old trajectory only under its second name. The
-    old file comes back where the new one holds no checkpoint; the second names are removed."""
+    """Undo what a resume killed mid-way left: its second name of the old file, and (a resume of
+    an earlier version, which put its new file in place before it held a checkpoint) an empty
+    ``running`` file at the path. The old file comes back where the path holds no checkpoint;
+    the second names of dead processes are removed."""
     copies = [c for c in interrupted_copies(path) if not c.is_symlink() and c.is_file()]
     if not copies:
         return
@@ -272,7 +278,7 @@ def _check_no_gap(traj: Any, step: int, filtered: frozenset[str], where: str) ->
 
 
 def check_against(point: ResumePoint, *, step_fn: Any, schema: Any, state: Any, key: Any, dt: Any,
-                  n_invariants: int, programs: dict | None = None) -> None:
+                  invariants: Any, programs: dict | None = None) -> None:
     """Refuse a resume whose arguments differ from the run the file holds, naming what differs
     (``schema=None``: before the step is traced, all but the records and what the functions
     compute). The step is recognised by its name and, where the file and the run both have them,
@@ -304,16 +310,41 @@ def check_against(point: ResumePoint, *, step_fn: Any, schema: Any, state: Any, 
         diff = sorted(set(leaves) ^ set(meta.state_leaves)) + sorted(
             p for p in set(leaves) & set(meta.state_leaves) if leaves[p] != meta.state_leaves[p])
         problems.append(f"the state differs in {', '.join(diff[:6])} (structure, shape or dtype)")
-    if (key is None) != (meta.key is None):
-        problems.append("key= given" if key is not None else "no key= (the file's run had one)")
-    elif key is not None:
-        data, impl = key_record(key)
-        if data != meta.key or impl != meta.key_impl:
-            problems.append("a different key= than the file's run")
-    if n_invariants != len(meta.invariants):
-        problems.append(f"{n_invariants} invariants (the file's run checked {len(meta.invariants)})")
+    problems += _key_differs(key, meta)
+    problems += _invariants_differ(invariants, meta)
     if problems:
         raise JaxlogError(f"{where}: refused, it does not match the run in the file: " + "; ".join(problems))
+
+
+def _key_text(data: Any, impl: str | None) -> str:
+    return f"{impl or 'raw key'} {json.dumps(data)[:120]}"
+
+
+def _key_differs(key: Any, meta: CheckpointMeta) -> list[str]:
+    """How ``key=`` differs from the file's run's key, both shown (key data and impl)."""
+    if key is None and meta.key is None:
+        return []
+    if key is None:
+        return [f"no key= (the file's run had one: {_key_text(meta.key, meta.key_impl)}; leave key= out to take it)"]
+    data, impl = key_record(key)
+    if meta.key is None:
+        return [f"key= given ({_key_text(data, impl)}; the file's run had none)"]
+    if data != meta.key or impl != meta.key_impl:
+        return [f"a different key= than the file's run (given {_key_text(data, impl)}, the file's "
+                f"{_key_text(meta.key, meta.key_impl)})"]
+    return []
+
+
+def _invariants_differ(invariants: Any, meta: CheckpointMeta) -> list[str]:
+    """How ``invariants=`` differs from those the file's run checked, both listed by name."""
+    given = [str(getattr(inv, "name", inv)) for inv in invariants]
+    stored = [str(s.get("invariant")) if isinstance(s, dict) else "?" for s in meta.invariants]
+    if len(given) != len(stored):
+        return [f"{len(given)} invariants (the file's run checked {len(stored)}): given [{', '.join(given)}], the "
+                f"file's [{', '.join(stored)}]"]
+    if given != stored:
+        return [f"invariants= differ (given [{', '.join(given)}], the file's [{', '.join(stored)}])"]
+    return []
 
 
 def state_leaves(state: Any) -> dict[str, list]:

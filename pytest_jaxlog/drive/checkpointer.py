@@ -9,6 +9,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ..check.specs import spec_of
 from ..record.frames import Schema
 from .checkpoint import META, CheckpointMeta, copy_attachments, copy_frames, key_record, state_leaves, step_name
 from .checkpoint import NAME as CHECKPOINT
@@ -36,7 +37,9 @@ class Checkpointer:
                                   invariants=[], active=[], violation=None, done=None, systems_done=None,
                                   state_leaves=state_leaves(state), treedef=str(jax.tree_util.tree_structure(state)),
                                   x64=bool(jax.config.read("jax_enable_x64")), schema=schema.to_json(), dt=cfg.dt,
-                                  programs=programs)
+                                  programs=programs,
+                                  checkpoint=None if cfg.checkpoint is None else cfg.checkpoint.to_json(),
+                                  invariant_specs=[spec_of(inv) for inv in cfg.invariants])
         return cls(pipe, template, state_key_impls(state), cfg.until is not None)
 
     def save(self, step: int, state: Any, stopped: Any, systems_done: np.ndarray | None) -> int:

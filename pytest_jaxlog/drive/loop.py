@@ -91,7 +91,7 @@ class RunLoop:
         self.state = state = as_arrays(state)
         if cfg.resume is not None:  # what the file's run was, before the step is traced with other arguments
             check_against(cfg.resume, step_fn=cfg.step, schema=None, state=state, key=cfg.key, dt=cfg.dt,
-                          n_invariants=len(cfg.invariants))
+                          invariants=cfg.invariants)
         self.resolved = resolve_run(cfg, state)
         self.schema, self.shapes = self.resolved.schema, self.resolved.shapes
         # what the run's functions compute, for a checkpoint to keep and a resume to compare
@@ -99,7 +99,7 @@ class RunLoop:
         self.progress = progress_for_run(cfg.progress, cfg.steps, self.schema)  # names checked before any step
         if cfg.resume is not None:
             check_against(cfg.resume, step_fn=cfg.step, schema=self.schema, state=state, key=cfg.key, dt=cfg.dt,
-                          n_invariants=len(cfg.invariants), programs=self.programs)
+                          invariants=cfg.invariants, programs=self.programs)
         self.pipe = Pipeline(sinks=cfg.sinks, invariants=cfg.invariants, on_violation=cfg.on_violation,
                              timeline=cfg.timeline)
 

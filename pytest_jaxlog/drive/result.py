@@ -38,6 +38,7 @@ class Run:
     stop_reason: str = "steps"
     systems_done: np.ndarray | None = None
     meta: dict = field(default_factory=dict)  # meta=: the run's JSON metadata, as the file keeps it
+    resumed_from: int | None = None  # jl.resume: the checkpoint's step the run continued from
     # the driver's, set by make_run: the run's sinks, its trajectory once read, and the chunk
     # program it dispatched (jitted chunk, plan, its arguments' program.Signature)
     _sinks: Any = field(default=None, init=False, repr=False, compare=False)

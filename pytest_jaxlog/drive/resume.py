@@ -11,6 +11,7 @@ from ..record.records import normalize_records
 from ..record.schedule import check_count
 from ..store.treedef import beyond_dicts, template
 from .checkpoint import prepare, rebuild_state
+from .resume_defaults import from_file
 from .run import Run, resume_run
 
 
@@ -21,14 +22,21 @@ def resume(path: str | os.PathLike, step: Callable, steps: int, *, like: Any = N
 
     Takes ``jl.run``'s keyword arguments (``record``, ``invariants``, ``key``, ``dt``,
     ``checkpoint``, ``until``, ...): they must describe the run in the file, and a resume whose
-    step function, records, schedules, state structure, dtypes, key, dt or x64 setting differ is
-    refused, naming what differs. ``like``: a state of the kernel's own type (e.g. the initial
-    state), so the checkpoint comes back as namedtuples or dataclasses; states made of dicts need
-    none. The resumed file equals, bit for bit, the one an uninterrupted run writes: the frames
-    up to the checkpoint are copied into a new file that replaces the old one only once it is
-    valid, and the run goes on from the checkpoint's state and step. ``writer``: keyword arguments
-    of the file's ``jl.HDF5Writer``; ``sinks``: more sinks, which get the whole trajectory too.
-    The run's ``meta=`` is the file's (``traj.meta``): one given that differs is refused.
+    step function, records, schedules, state structure, dtypes, key, dt, invariants or x64
+    setting differ is refused, naming what differs (the given value and the file's). What the
+    file holds need not be given again: the key, ``dt``, the checkpoint schedule and the built-in
+    invariants (``drive.resume_defaults``); the step and the views (``record=``, ``until=``, ...)
+    are code, which the file does not hold. ``like``: a state of the kernel's own type (e.g. the
+    initial state), so the checkpoint comes back as namedtuples or dataclasses; states of dicts,
+    tuples and lists need none. ``run.resumed_from``: the checkpoint's step.
+
+    The resumed file equals, bit for bit, the one an uninterrupted run writes: the frames up to
+    the checkpoint are copied into a new file (under a temporary name) that replaces the old one
+    only once it holds them and the checkpoint, and the run goes on from the checkpoint's state
+    and step: a resume killed at any instant leaves a path that resumes. ``writer``: keyword
+    arguments of the file's ``jl.HDF5Writer``; ``sinks``: more sinks, which get the whole
+    trajectory too. The run's ``meta=`` is the file's (``traj.meta``): one given that differs is
+    refused.
     """
     from ..store.hdf5 import HDF5Writer
 
@@ -45,19 +53,24 @@ def resume(path: str | os.PathLike, step: Callable, steps: int, *, like: Any = N
             raise JaxlogError(f"resume({path}, steps={steps}): the checkpoint is at step {point.step}, past the "
                               "run's total: steps is the whole run's length")
         where = f"{path} checkpoint at step {point.step}"
+        kwargs = from_file(kwargs, point.meta, where)
         if like is None:  # a state of tuples and lists (or one array) comes back without like=
             plain = template(point.meta.treedef)
             like = plain if beyond_dicts(plain) else None
         state = rebuild_state(found.checkpoint.state, found.checkpoint.key_impls, like, point.meta, where)
         extra = list(sinks) if isinstance(sinks, (list, tuple)) else [sinks]
-        file_sink = HDF5Writer(Path(path), **(writer or {}))
+        file_sink = HDF5Writer(Path(path), **{"replace_at_checkpoint": point.step, **(writer or {})})
         result = resume_run(step, state, steps - point.step, point, start_step=point.step,
                             sinks=[file_sink, *extra], **kwargs)
     except BaseException as exc:
+        partial = getattr(exc, "jaxlog_run", None)
+        if isinstance(partial, Run):
+            partial.resumed_from = point.step
         if Path(path).exists() and os.path.samefile(path, point.source):
             point.source.unlink()  # refused or failed before the file was replaced: it is as it was
         elif point.source.exists():  # replaced: the old trajectory stays readable under its second name
             exc.add_note(f"[jaxlog] the trajectory as it was before this resume is kept as {point.source}")
         raise
     point.source.unlink(missing_ok=True)
+    result.resumed_from = point.step
     return result

@@ -254,6 +254,48 @@ class JaxlogFixture:
         self.runs.append(result)
         return result
 
+    def resume(self, step: Any, steps: int, *, name: str | None = None, path: Any = None, progress: Any = _UNSET,
+               chunk: Any = _UNSET, on_violation: Any = _UNSET, **kwargs: Any) -> Any:
+        """``jl.resume`` of this test's run ``name`` (``<dir>/<name or trajectory>.h5``), or of the file
+        ``path``: the resumed run is this test's (its timings, violation and files, and a manifest entry
+        saying the step it resumed from); progress, chunk and violation policy default to the
+        marker/options as for ``run``."""
+        from ..check.violation import InvariantViolation
+        from ..drive.resume import resume as jl_resume
+        from ..errors import hide_frame_from_checks
+
+        __tracebackhide__ = hide_frame_from_checks
+        if path is not None or (name or "trajectory") not in self._stems:
+            name = self._name(name)
+        name = name or "trajectory"
+        target = Path(path) if path is not None else self._file(name, ".h5")
+        timeline = kwargs.pop("timeline", None)
+        own_timeline = timeline is None
+        if own_timeline:
+            timeline = self._timeline(name)
+        kwargs.update(progress=self.settings.progress if progress is _UNSET else progress,
+                      chunk=self.settings.chunk if chunk is _UNSET else chunk,
+                      on_violation=self.settings.on_violation if on_violation is _UNSET else on_violation,
+                      timeline=timeline)
+        error = None
+        with warnings.catch_warnings(record=True) as caught:
+            try:
+                result = jl_resume(target, step, steps, **kwargs)
+            except BaseException as e:
+                result, error = getattr(e, "jaxlog_run", None), e
+        self._collect(None, None, result, name)
+        if own_timeline:
+            self._write_timeline(timeline)
+        self._note_timings(result, name)
+        _reemit(caught)
+        if error is not None:
+            if isinstance(error, InvariantViolation):
+                self._note_violation(error, name)
+            raise error
+        self._note_violation(result.violation, name)
+        self.runs.append(result)
+        return result
+
     def from_arrays(self, records: Any, *, name: str | None = None, sinks: Any = (), on_violation: Any = _UNSET,
                     writer_kwargs: dict | None = None, **kwargs: Any) -> Any:
         """``jl.from_arrays`` writing ``<dir>/<name or trajectory[-i]>.h5``: arrays computed elsewhere

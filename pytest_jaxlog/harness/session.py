@@ -70,6 +70,7 @@ class RunNote:
     from_cache: int = 0  # of the compiles, loaded from JAX's persistent compilation cache
     reused: int = 0  # programs the run ran that this process had compiled before (an equal kernel's)
     meta: dict = field(default_factory=dict)  # jl.run(meta=...): the run's JSON metadata
+    resumed_from: int | None = None  # jl.resume: the checkpoint's step the run continued from
 
     def line(self) -> str:
         rate = "" if self.steps_per_s is None else f", {self.steps_per_s:.4g} steps/s"
@@ -78,6 +79,8 @@ class RunNote:
         plural = "" if self.compiles == 1 else "s"
         cached = f", {self.from_cache} from the compile cache" if self.from_cache else ""
         reused = f", {self.reused} reused" if self.reused else ""
+        if self.resumed_from is not None:
+            reused += f", resumed from step {self.resumed_from}"
         return (f"{self.name}: {self.steps} steps in {self.wall_s:.3g} s{rate}, {self.compiles} compile{plural}"
                 f"{cached}{reused}{status}")
 
@@ -157,6 +160,7 @@ class TestState:
         rate = getattr(t, "steps_per_s", None)
         status = getattr(obj, "status", None)
         reason = "error" if status == "failed" else getattr(obj, "stop_reason", None)  # raised: no interruption
+        resumed = getattr(obj, "resumed_from", None)
         self.runs.append(RunNote(
             name=label,
             steps=int(getattr(t, "steps", 0) or 0),
@@ -168,6 +172,7 @@ class TestState:
             from_cache=int(getattr(t, "from_cache", 0) or 0),
             reused=int(getattr(t, "reused", 0) or 0),
             meta=dict(meta) if isinstance(meta := getattr(obj, "meta", None), dict) else {},
+            resumed_from=resumed if isinstance(resumed, int) else None,
         ))
 
     def drop_example(self, d: Path) -> None:

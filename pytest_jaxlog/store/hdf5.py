@@ -57,6 +57,7 @@ from .dtypes import DTYPE_ATTR, KEY_IMPL_ATTR, check_frames, check_leaf_dtype, e
 from .pathlock import PathLock, process_alive
 from .sink import STATUSES, Sink
 from .space import NoSpace, SpaceReserve, superblock_end, trim
+from .swap import PendingSwap
 
 QUEUE_BYTES = 128 << 20  # default byte budget of the hand-over queue
 STALL_TIMEOUT_S = 60.0  # default: a writer thread that finishes nothing for this long is stuck
@@ -292,6 +293,9 @@ class HDF5Writer(Sink):
     taken from the run length in ``meta["run"]``. It only sizes chunks (file size): more frames still fit.
     ``particles``: ``{group: {"position": "state/positions", ...}}`` adds H5MD particle links.
     ``overwrite``: replace an existing file at ``path`` (only once the new one is valid).
+    ``replace_at_checkpoint``: a step; the new file takes ``path`` only once it holds a checkpoint
+    at that step or later, and a writer closed before leaves the path as it was (``store.swap``:
+    how ``jl.resume`` rewrites a trajectory).
     """
 
     def __init__(
@@ -309,6 +313,7 @@ class HDF5Writer(Sink):
         author: str | None = None,
         particles: dict[str, dict[str, str]] | None = None,
         overwrite: bool = True,
+        replace_at_checkpoint: int | None = None,
     ):
         if not is_integer(queue_bytes) or queue_bytes < 1:
             raise JaxlogError(f"HDF5Writer(queue_bytes={queue_bytes!r}): needs an integer number of bytes >= 1")
@@ -328,6 +333,8 @@ class HDF5Writer(Sink):
         self.author = author
         self.particles = particles or {}
         self.overwrite = overwrite
+        self.replace_at_checkpoint = None if replace_at_checkpoint is None else int(replace_at_checkpoint)
+        self._swap: PendingSwap | None = None  # the file under its temporary name until a checkpoint
         self.schema: Schema | None = None
         self.stats = {"batches": 0, "frames": 0, "bytes": 0, "flushes": 0, "max_queue_bytes": 0,
                       "blocked_s": 0.0, "reserve_misses": 0}
@@ -634,7 +641,10 @@ class HDF5Writer(Sink):
             if self._flushed_end > self._space.reserved:
                 self.stats["reserve_misses"] += 1
             self._space.forget()
-            os.replace(tmp, self.path)
+            if self.replace_at_checkpoint is None:
+                os.replace(tmp, self.path)
+            else:
+                self._swap = PendingSwap(tmp, self.path, self.replace_at_checkpoint)
             self._file, self._state = f, "open"
         except BaseException as exc:
             if self._state != "open" and f is not None and not os.path.lexists(tmp):  # renamed, then interrupted
@@ -930,6 +940,8 @@ class HDF5Writer(Sink):
         self._check_end(bound)
         if name == "checkpoint":
             self._flush()
+            if self._swap is not None:
+                self._swap.checkpoint_written(step)
 
     def _flush(self) -> None:
         f = self._file
@@ -949,7 +961,7 @@ class HDF5Writer(Sink):
         f = self._file
         try:
             if f is None or not f.id.valid:
-                f = self._file = h5py.File(self.path, "r+")
+                f = self._file = h5py.File(self.path if self._swap is None else self._swap.where, "r+")
                 self._jl = f["jaxlog"]
             jl = self._jl
             error = self._error
@@ -998,7 +1010,11 @@ class HDF5Writer(Sink):
         if fd is not None:
             trim(fd)
             os.close(fd)
-        self._lock.release()
+        try:
+            if self._swap is not None:
+                self._swap.abandon()
+        finally:
+            self._lock.release()
 
     def __repr__(self) -> str:
         return f"HDF5Writer({str(self.path)!r}, {self._state})"
