@@ -2,7 +2,7 @@
 
     python benchmarks/run.py             # everything (several minutes on 2 CPU cores)
     python benchmarks/run.py --quick     # a smoke run: fewer steps and repeats (targets not judged)
-    python benchmarks/run.py --readme    # also rewrite the README's performance table
+    python benchmarks/run.py --docs      # also rewrite the table of docs/performance.md
     python benchmarks/run.py --only sparse,fixed
 
 Every measurement compares pytest-jaxlog with a reference computed in the same process (or, for
@@ -76,7 +76,7 @@ from jax import lax  # noqa: E402
 import pytest_jaxlog as jl  # noqa: E402
 from references import bare_scan, scan_with_records, write_records  # noqa: E402
 
-README = ROOT / "README.md"
+PAGE = ROOT / "docs" / "performance.md"
 BEGIN, END = "<!-- benchmarks:begin -->", "<!-- benchmarks:end -->"
 
 
@@ -603,13 +603,13 @@ def header(args) -> str:
             f"{time.strftime('%Y-%m-%d')}")
 
 
-def write_readme(text: str) -> None:
-    readme = README.read_text()
-    if BEGIN not in readme or END not in readme:
-        raise SystemExit(f"README.md has no {BEGIN} ... {END} markers")
-    new = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: f"{BEGIN}\n{text}\n{END}", readme,
+def write_page(text: str) -> None:
+    page = PAGE.read_text()
+    if BEGIN not in page or END not in page:
+        raise SystemExit(f"{PAGE} has no {BEGIN} ... {END} markers")
+    new = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: f"{BEGIN}\n{text}\n{END}", page,
                  flags=re.S)
-    README.write_text(new)
+    PAGE.write_text(new)
 
 
 SECTIONS = ("sparse", "fixed", "compile", "long", "suite", "accelerator")
@@ -623,7 +623,9 @@ def main() -> None:
     ap.add_argument("--suite-repeats", type=int, default=None,
                     help="interleaved repeats of the suite section's pytest sessions (default: --repeats)")
     ap.add_argument("--accelerator", action="store_true", help="run the accelerator section on the CPU too")
-    ap.add_argument("--readme", action="store_true", help="rewrite the README table between its markers")
+    # --readme: the flag's name from when the table lived in the README
+    ap.add_argument("--docs", "--readme", dest="docs", action="store_true",
+                    help="rewrite the table of docs/performance.md between its markers")
     ap.add_argument("--json", default=None, help="also write the rows to this JSON file")
     ap.add_argument("--compile-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -665,9 +667,9 @@ def main() -> None:
     print(text)
     if args.json:
         Path(args.json).write_text(json.dumps([r.__dict__ for r in rows], indent=1))
-    if args.readme:
-        write_readme(text)
-        print(f"\nwrote the table into {README}")
+    if args.docs:
+        write_page(text)
+        print(f"\nwrote the table into {PAGE}")
 
 
 if __name__ == "__main__":
