@@ -41,7 +41,7 @@ def test_the_chunk_program_loop_dispatches_the_runs_own_program():
 
 def test_the_log_benchmark_compares_the_programs_two_runs_compiled():
     """benchmarks/log.py: a step that logs its largest force and one returning it as aux compile
-    to the same chunk program (the README's "identical chunk executable")."""
+    to the same chunk program (docs/performance.md's "identical chunk executable")."""
     bench = _script("log")
     state, step_log, step_aux, _, _ = bench.lj_steps(n_side=2)
     assert bench.same_chunk_program(state, step_log, step_aux) is True

@@ -226,7 +226,7 @@ def test_killed_at_random_points_and_resumed_20_times(tmp_path):
             proc.communicate(timeout=120)
             results.append((path, sig))
     # each killed file is resumed and compared in a process of its own: a SIGKILL mid-write can leave
-    # HDF5 metadata that the library itself cannot parse (rarely; the README says so)
+    # HDF5 metadata that the library itself cannot parse (rarely; docs/file-format.md says so)
     outcomes = []
     for path, sig in results:
         r = subprocess.run([sys.executable, "-c", RESUME_CHILD.format(tests=os.path.dirname(__file__)), str(path),

@@ -1,5 +1,5 @@
 """The sdist and the wheel carry what users expect: the license in both, the example suite and the CI
-recipes the README points to (and the tests with their helpers) in the sdist, pytest as a requirement and the pytest11 entry point in the
+recipes the README points to (and the tests with their helpers, and the docs) in the sdist, pytest as a requirement and the pytest11 entry point in the
 wheel. Built with the installed ``build`` and setuptools (no build isolation: no network), from a copy of
 the source tree so the build leaves nothing in the checkout."""
 
@@ -61,11 +61,11 @@ def test_both_carry_the_apache_license(dists):
 
 def test_sdist_carries_the_examples_and_ci_recipes_the_readme_points_to(dists):
     names = _sdist_names(dists["sdist"])
-    tracked = {p.relative_to(ROOT).as_posix() for d in ("ci", "examples", "fixtures", "tests", "benchmarks")
+    tracked = {p.relative_to(ROOT).as_posix() for d in ("ci", "examples", "fixtures", "tests", "benchmarks", "docs")
                for p in (ROOT / d).rglob("*") if p.is_file() and "__pycache__" not in p.parts}
     assert {"ci/github-actions.yml", "ci/gitlab-ci.yml", "examples/test_lj.py", "examples/kernels/lj.py",
             "examples/conftest.py", "conftest.py", "tests/conftest.py", "tests/plugin_helpers.py",
-            "pytest_jaxlog/py.typed"} <= names
+            "pytest_jaxlog/py.typed", "mkdocs.yml", "docs/index.md", "docs/performance.md"} <= names
     assert tracked - names == set()
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
 

@@ -70,7 +70,7 @@ def test_keep_and_dir_from_the_environment_with_precedence(pytester, monkeypatch
 
 
 def test_example_suite_conftest_yields_to_jaxlog_keep(pytester, monkeypatch):
-    """examples/conftest.py keeps everything by default, but JAXLOG_KEEP (as the README tells CI to set) wins."""
+    """examples/conftest.py keeps everything by default, but JAXLOG_KEEP (as docs/plugin-and-ci.md tells CI to set) wins."""
     pytester.makeconftest((ROOT / "examples" / "conftest.py").read_text())
     pytester.makepyfile(test_f=FILES)
     pytester.runpytest().assert_outcomes(passed=1, failed=1)
