@@ -615,7 +615,7 @@ def write_page(text: str) -> None:
 SECTIONS = ("sparse", "fixed", "compile", "long", "suite", "accelerator")
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer steps and repeats: a smoke run")
     ap.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default 7; --quick 2)")
@@ -628,7 +628,11 @@ def main() -> None:
                     help="rewrite the table of docs/performance.md between its markers")
     ap.add_argument("--json", default=None, help="also write the rows to this JSON file")
     ap.add_argument("--compile-child", default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = parser().parse_args()
     if args.compile_child:
         compile_child(args.compile_child)
         return

@@ -10,6 +10,7 @@ public name, the site's navigation lists every page, and the benchmark table liv
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -109,6 +110,14 @@ def test_the_readme_example_is_the_first_guides():
     assert any(b.code == example and b.mode == "test-file" for b in first)
 
 
+def test_the_readme_links_resolve():
+    """The README is read on GitHub and in the sdist: its relative links point at files that exist."""
+    links = re.findall(r"\]\(([^)#]+)\)", (ROOT / "README.md").read_text())
+    relative = [link for link in links if "://" not in link]
+    assert len(relative) >= 10
+    assert [link for link in relative if not (ROOT / link).exists()] == []
+
+
 def test_the_api_page_names_every_public_name():
     text = (DOCS / "reference.md").read_text()
     named = set(re.findall(r"^::: pytest_jaxlog\.[\w.]+\.(\w+)$", text, flags=re.M))
@@ -138,3 +147,21 @@ def test_the_benchmark_table_lives_in_the_performance_page():
     assert "| measurement | workload |" in page.split(begin, 1)[1].split(end, 1)[0]
     assert begin not in (ROOT / "README.md").read_text()
     assert 'PAGE = ROOT / "docs" / "performance.md"' in (ROOT / "benchmarks" / "run.py").read_text()
+
+
+def test_the_benchmark_script_rewrites_the_performance_page(tmp_path):
+    """benchmarks/run.py --docs (and --readme, its old name) replaces the table between the markers and
+    nothing else."""
+    spec = importlib.util.spec_from_file_location("jaxlog_benchmark_run_docs", ROOT / "benchmarks" / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)  # argparse runs only under __main__
+    assert module.parser().parse_args(["--docs"]).docs and module.parser().parse_args(["--readme"]).docs
+    assert not module.parser().parse_args([]).docs
+    page = (DOCS / "performance.md").read_text()
+    copy = tmp_path / "performance.md"
+    copy.write_text(page)
+    module.PAGE = copy
+    module.write_page("| a | new | table |")
+    before, after = page.split(module.BEGIN)[0], page.split(module.END)[1]
+    assert copy.read_text() == f"{before}{module.BEGIN}\n| a | new | table |\n{module.END}{after}"
