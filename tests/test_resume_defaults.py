@@ -64,7 +64,7 @@ def test_the_step_and_the_views_are_all_a_resume_needs(failed, whole):
     assert run.resumed_from == 30 and run.steps_done == k.TOTAL and run.violation is None
     _leaves_equal(run.state, whole_run.state)
     _same(failed, whole_traj)
-    assert jl.load(failed).meta["run"]["invariants"] == [inv.name for inv in k.invariants()]
+    assert jl.load(failed).description["run"]["invariants"] == [inv.name for inv in k.invariants()]
 
 
 def test_the_invariants_state_comes_back_with_them(tmp_path):
