@@ -52,6 +52,7 @@ from ..errors import JaxlogError, WriterError
 from ..record.frames import FORMAT_VERSION, Frames, Schema
 from ..record.numbers import is_integer
 from .bytequeue import ByteQueue, Item, Stalled
+from .owned import owned_frames
 from .format import CRC_ATTR, CRC_COVERS, LIBVER, attr_text, json_crc32, json_text
 from .dtypes import DTYPE_ATTR, KEY_IMPL_ATTR, check_frames, check_leaf_dtype, encode, storage_dtype, to_host
 from .pathlock import PathLock, process_alive
@@ -430,10 +431,10 @@ class HDF5Writer(Sink):
         self._check_alive()
         nbytes = _frames_bytes(frames)
         if nbytes + _ITEM_BYTES <= self.queue_bytes:
-            self._put(Item("frames", frames, nbytes + _ITEM_BYTES))
-        else:
+            self._put(Item("frames", owned_frames(frames), nbytes + _ITEM_BYTES))
+        else:  # each piece copied (if a view of a device buffer) only once there is room for it
             for piece in _slices(frames, self.queue_bytes - _ITEM_BYTES):
-                self._put(Item("frames", piece, _frames_bytes(piece) + _ITEM_BYTES))
+                self._put(Item("frames", owned_frames(piece), _frames_bytes(piece) + _ITEM_BYTES))
         self._max_step = max(self._max_step, last)
 
     def _check_groups(self, frames: Frames) -> None:
