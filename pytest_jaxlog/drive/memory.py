@@ -19,8 +19,10 @@ same without recording anything.
   its frames: JAX's CPU client may free it only once the next set exists), plus what the sink holds.
 - The HDF5 writer holds at most ``max(queue_bytes, one step's record)`` of frames handed over and
   not yet written (``store.bytequeue``), and as much again being handed over (a batch copied out
-  of a view of the buffers, ``store.owned``, waiting for room). A sink that keeps nothing holds
-  nothing; ``jl.MemorySink`` keeps every frame (no bound: it grows with the run).
+  of a view of the buffers, ``store.owned``, waiting for room); writing a chunk of its file
+  takes HDF5 two buffers of the chunk's size (the checksum filter's copy and its output; a large
+  record's chunk is one frame). A sink that keeps nothing holds nothing; ``jl.MemorySink`` keeps
+  every frame (no bound: it grows with the run).
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ from ..record.schedule import every as every_step
 from ..store.hdf5 import QUEUE_BYTES
 from .resolution import DEFAULT_BUDGET, capacity_for, step_bytes
 
-__all__ = ["Bound", "bound", "set_bytes", "SETS_IN_FLIGHT"]
+__all__ = ["Bound", "bound", "set_bytes", "SETS_IN_FLIGHT", "HDF5_CHUNK"]
 
 SETS_IN_FLIGHT = 2  # on the device: the set the running chunk fills and the one the host reads
+HDF5_CHUNK = 2**20  # the HDF5 writer's chunks of small frames are smaller than this
 
 
 class Bound(NamedTuple):
@@ -63,7 +66,7 @@ def bound(record_bytes: int, *, every: int = 1, sink: str = "drop", platform: st
     device = SETS_IN_FLIGHT * one
     if sink == "memory":
         return Bound(one, device, None)
-    held = 0 if sink == "drop" else 2 * max(queue_bytes, record_bytes)
+    held = 0 if sink == "drop" else 2 * max(queue_bytes, record_bytes) + 2 * max(record_bytes, HDF5_CHUNK)
     if platform == "cpu":
         return Bound(one, device, device + one + held)
     return Bound(one, device, one + held)
