@@ -362,7 +362,8 @@ class Reader:
                 view = np.from_dlpack(arr)
             except (BufferError, RuntimeError, TypeError, ValueError):  # a dtype DLPack cannot carry (bfloat16):
                 # a numpy view pins the buffer, so a later chunk given it copies it instead of writing in place
-                return np.array(np.asarray(arr)[lo:hi]) if copy else np.asarray(arr)[lo:hi]
+                # (copied even from a set not reused: a sink keeping such a view would keep the whole set)
+                return np.array(np.asarray(arr)[lo:hi])
             return np.array(view[lo:hi]) if copy else view[lo:hi]
         if (hi - lo) * _SHORT < arr.shape[0]:  # a set mostly empty: slice on the device, transfer the rows
             return np.asarray(arr[lo:hi])
