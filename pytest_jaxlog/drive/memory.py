@@ -18,8 +18,8 @@ same without recording anything.
   (the host reads a large set through views, ``drive.chunks.VIEW_BYTES``, and it is freed with
   its frames: JAX's CPU client may free it only once the next set exists), plus what the sink holds.
 - The HDF5 writer holds at most ``max(queue_bytes, one step's record)`` of frames handed over and
-  not yet written (``store.bytequeue``), and as much again being handed over (a batch copied out
-  of a view of the buffers, ``store.owned``, waiting for room); writing a chunk of its file
+  not yet written (``store.bytequeue``; a batch read through views of the buffers is copied,
+  ``store.owned``, once the queue has room for it); writing a chunk of its file
   takes HDF5 two buffers of the chunk's size (the checksum filter's copy and its output; a large
   record's chunk is one frame). A sink that keeps nothing holds nothing; ``jl.MemorySink`` keeps
   every frame (no bound: it grows with the run).
@@ -66,7 +66,7 @@ def bound(record_bytes: int, *, every: int = 1, sink: str = "drop", platform: st
     device = SETS_IN_FLIGHT * one
     if sink == "memory":
         return Bound(one, device, None)
-    held = 0 if sink == "drop" else 2 * max(queue_bytes, record_bytes) + 2 * max(record_bytes, HDF5_CHUNK)
+    held = 0 if sink == "drop" else max(queue_bytes, record_bytes) + 2 * max(record_bytes, HDF5_CHUNK)
     if platform == "cpu":
         return Bound(one, device, device + one + held)
     return Bound(one, device, one + held)

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..record.frames import Frames
 
-__all__ = ["device_view", "owned", "owned_frames"]
+__all__ = ["device_view", "holds_device_views", "owned", "owned_frames"]
 
 
 def device_view(values: Any) -> bool:
@@ -33,9 +33,14 @@ def owned(values: Any) -> Any:
     return np.array(values) if device_view(values) else values
 
 
+def holds_device_views(frames: Frames) -> bool:
+    """Whether a value of ``frames`` is a view of a device buffer."""
+    return any(device_view(v) for v in frames.values.values())
+
+
 def owned_frames(frames: Frames) -> Frames:
     """``frames`` itself, or (when a value is a view of a device buffer) a batch holding copies."""
-    if not any(device_view(v) for v in frames.values.values()):
+    if not holds_device_views(frames):
         return frames
     out = Frames()
     for path, values in frames.values.items():
