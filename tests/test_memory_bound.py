@@ -129,5 +129,5 @@ def test_bound_follows_the_budget():
     assert set_bytes(16 * MB, budget=256 * MB) == 17 * 16 * MB
     assert set_bytes(16 * MB, every=4) == (4 + 2) * 16 * MB  # 16 steps a chunk: 4 slots, the initial frame, a spare
     b = bound(64 * MB, sink="hdf5", platform="gpu")
-    assert b.device == 2 * 3 * 64 * MB and b.host == 3 * 64 * MB + 128 * MB + 2 * 64 * MB
+    assert b.device == 2 * 3 * 64 * MB and b.host == 3 * 64 * MB + 3 * 128 * MB + 2 * 64 * MB
     assert bound(64 * MB, sink="memory").host is None

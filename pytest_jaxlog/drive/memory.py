@@ -13,7 +13,9 @@ same without recording anything.
   ``k`` steps takes ``ceil(C / k) + 2`` slots.
 - On the device: at most ``SETS_IN_FLIGHT`` sets (the one being filled by the running chunk, the
   one the host is reading).
-- On the host (an accelerator): the set being read, once transferred, plus what the sink holds.
+- On the host (an accelerator): the set being read, once transferred whole, plus what the sink
+  holds; a frame the HDF5 writer has queued is a view of its set's host copy and keeps it alive,
+  up to 3 times the frame (a sparse record's set has 2 slots more than its frames).
   On the CPU backend the device's memory is the host's: the sets in flight, and one more set
   (the host reads a large set through views, ``drive.chunks.VIEW_BYTES``, and it is freed with
   its frames: JAX's CPU client may free it only once the next set exists), plus what the sink holds.
@@ -69,4 +71,7 @@ def bound(record_bytes: int, *, every: int = 1, sink: str = "drop", platform: st
     held = 0 if sink == "drop" else max(queue_bytes, record_bytes) + 2 * max(record_bytes, HDF5_CHUNK)
     if platform == "cpu":
         return Bound(one, device, device + one + held)
-    return Bound(one, device, one + held)
+    # an accelerator's set comes to the host whole, and a queued frame keeps that copy alive: up
+    # to 3 slots a frame (a sparse record's set: the initial frame's slot and a spare)
+    pinned = 0 if sink == "drop" else 2 * max(queue_bytes, record_bytes)
+    return Bound(one, device, one + held + pinned)
