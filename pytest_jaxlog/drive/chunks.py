@@ -19,8 +19,10 @@ Why buffers are reused: a pulled set goes back to the pool for a later fill, so 
 two or three sets, and a few spare sets are kept between runs (up to ``POOL_BYTES``): a test that
 runs the same kernel again allocates nothing. On the CPU the pulled rows are copied out through
 DLPack (the copy releases the buffer, which can then be donated again: a zero-copy numpy view
-would pin it); on accelerators a full set comes to the host whole (its transfer started as soon
-as it is full), a partly filled one as the rows used.
+would pin it), except from a set of ``VIEW_BYTES`` or more: its frames are views of it and it is
+not reused (a copy would hold its records twice, in a memory the device buffers share); on
+accelerators a full set comes to the host whole (its transfer started as soon as it is full), a
+partly filled one as the rows used.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from .program import Plan
 MAX_WAITING = 256  # chunks written into the set being filled, at most, before it is pulled
 FEED_INTERVAL_S = 0.05  # pull at least this often (progress, until=, invariants)
 POOL_BYTES = 64 * 2**20  # spare record buffers kept between runs
+VIEW_BYTES = 8 * 2**20  # the CPU: a set this large is handed to the frames as it is, not copied and reused
 _SHORT = 4  # accelerators: a set holding less than 1/_SHORT of its rows transfers only the rows used
 
 
@@ -297,11 +300,14 @@ class Reader:
         for leaf in jax.tree_util.tree_leaves((f.out["bufs"], f.out["counts"])):
             leaf.copy_to_host_async()
 
-    def pull(self, f: Fill) -> dict:
+    def pull(self, f: Fill, reuse: bool = True) -> dict | None:
         """Read ``f``'s rows (blocks until its last chunk ran); sets ``f.ran`` and ``f.frames``.
-        Returns the buffers, free for another set."""
+        Returns the buffers, free for another set, or None on the CPU when not ``reuse``: then
+        the frames are views of the buffers (no copy; the set is freed with the frames, and a
+        later fill takes a fresh one), which keeps a large set from being held twice."""
         f.ran = ran = self._ran(f)
         bufs = f.out.pop("bufs")
+        copy = reuse or not self.cpu
         first = bool(f.flags & program.RECORD_INITIAL)
         frames = {}
         steps_from: dict[int, np.ndarray] = {}  # one step array per first row, shared by the records
@@ -309,7 +315,7 @@ class Reader:
             lo0 = 0 if first and any(h for _, h in buf.leaves) else 1  # the buffer's first row read
             if ran + 1 - lo0 <= 0:
                 continue
-            rows = self._rows(bufs["dense"][buf.key], lo0, ran + 1, None if buf.shared else buf.key)
+            rows = self._rows(bufs["dense"][buf.key], lo0, ran + 1, None if buf.shared else buf.key, copy)
             for column, (path, has_initial) in enumerate(buf.leaves):
                 lo = 0 if first and has_initial else 1
                 if ran + 1 - lo > 0:
@@ -327,9 +333,9 @@ class Reader:
                 count = len(st)
             if count:
                 for p in paths:
-                    frames[p] = (st, self._rows(vals[p], 0, count, p))
+                    frames[p] = (st, self._rows(vals[p], 0, count, p, copy))
         f.frames = frames
-        return bufs
+        return bufs if copy else None
 
     def _ran(self, f: Fill) -> int:
         """The steps that ran into ``f``: every step dispatched, unless ``until=`` stopped the
@@ -342,10 +348,11 @@ class Reader:
             return max(0, min(f.rows, int(at.max()) - f.k0))
         return f.rows
 
-    def _rows(self, arr: Any, lo: int, hi: int, path: str | None = None) -> Any:
+    def _rows(self, arr: Any, lo: int, hi: int, path: str | None = None, copy: bool = True) -> Any:
         """Rows ``lo:hi`` of a device buffer as a host array of their own (the buffer stays free
-        to be donated to a later chunk); over several processes, record ``path``'s blocks this
-        process writes (``Shards``)."""
+        to be donated to a later chunk), or on the CPU without ``copy`` a read-only view of them
+        (the buffer is never given to a chunk again); over several processes, record ``path``'s
+        blocks this process writes (``Shards``)."""
         if self.layout is not None and path is not None:
             return self.layout.pull(path, arr)[lo:hi]
         if len(arr.sharding.device_set) > 1:  # a sharded buffer: its shards copied into one host array
@@ -355,8 +362,9 @@ class Reader:
                 view = np.from_dlpack(arr)
             except (BufferError, RuntimeError, TypeError, ValueError):  # a dtype DLPack cannot carry (bfloat16):
                 # a numpy view pins the buffer, so a later chunk given it copies it instead of writing in place
+                # (copied even from a set not reused: a sink keeping such a view would keep the whole set)
                 return np.array(np.asarray(arr)[lo:hi])
-            return np.array(view[lo:hi])
+            return np.array(view[lo:hi]) if copy else view[lo:hi]
         if (hi - lo) * _SHORT < arr.shape[0]:  # a set mostly empty: slice on the device, transfer the rows
             return np.asarray(arr[lo:hi])
         return np.asarray(arr)[lo:hi]
@@ -370,12 +378,14 @@ def _scheduled_steps(schedule: Any, initial: bool, k0: int, ran: int, first: boo
 
 
 def merge(fills: list[Fill]) -> Frames:
-    """One batch of frames from pulled sets, in step order."""
+    """One batch of frames from pulled sets, in step order. The sets let go of their frames
+    (the batch holds them now): a set kept as the run's last one pins no record's rows."""
     frames = Frames()
     parts: dict[str, list] = {}
     for f in fills:
         for p, sv in f.frames.items():
             parts.setdefault(p, []).append(sv)
+        f.frames = {}
     for p, svs in parts.items():
         if len(svs) == 1:
             frames.add(p, *svs[0])

@@ -27,7 +27,7 @@ from ..record import runmeta
 from . import program, shards
 from .checkpoint import check_against
 from .checkpointer import Checkpointer, resume_into
-from .chunks import Chunk, Fill, Fills, Reader, any_deleted, merge
+from .chunks import VIEW_BYTES, Chunk, Fill, Fills, Reader, any_deleted, merge
 from .compiles import run_timings
 from .config import RunConfig
 from .loggers import ProgressLogger, progress_for_run
@@ -298,8 +298,11 @@ class RunLoop:
         """Pull sets of buffers, feed their frames as one batch; note a stop by ``until``."""
         self.checked_through = -1  # a signal while the invariants take these frames leaves them past any step
         until, systems_done = self.cfg.until, self.systems_done
+        reuse = self.fills.set_bytes < VIEW_BYTES
         for f in batch:
-            self.fills.give(self.reader.pull(f))
+            bufs = self.reader.pull(f, reuse)
+            if bufs is not None:
+                self.fills.give(bufs)
             if until is not None and self.stop_reason != "until":
                 at = f.stopped_at
                 if systems_done is not None:
@@ -319,7 +322,10 @@ class RunLoop:
         the frames up to its step, and the invariants have seen nothing past it). Returns
         ``"violation"`` or ``"until"`` when the run stops here."""
         cfg, pipe = self.cfg, self.pipe
-        for group in ([f] for f in batch) if cfg.checkpoint is not None else [batch]:
+        # one set at a time past the budget too: pulling several large sets before feeding them
+        # (and joining their frames) would hold each record two or three times
+        alone = cfg.checkpoint is not None or self.fills.set_bytes * len(batch) > cfg.budget
+        for group in ([f] for f in batch) if alone else [batch]:
             new = self.pull(group)
             if new:
                 self.found(new, group)

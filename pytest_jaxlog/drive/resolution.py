@@ -50,8 +50,18 @@ def auto_chunk(schema: Schema, steps: int | None = None, budget_bytes: int = DEF
     per_step = 0.0
     for leaf in schema.leaves:
         nbytes = int(np.prod(leaf.shape, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
-        density = leaf.schedule.max_in_span(cap) / cap
-        per_step += nbytes * density
+        per_step += step_bytes(nbytes, leaf.schedule, cap)
+    return capacity_for(per_step, budget_bytes, cap)
+
+
+def step_bytes(nbytes: int, schedule, cap: int = CHUNK_CAP) -> float:
+    """What a leaf of ``nbytes`` recorded on ``schedule`` adds per step, at most (by its density)."""
+    return nbytes * schedule.max_in_span(cap) / cap
+
+
+def capacity_for(per_step: float, budget_bytes: int = DEFAULT_BUDGET, cap: int = CHUNK_CAP) -> int:
+    """The capacity of a chunk whose records add ``per_step`` bytes a step: as many steps as the
+    budget holds, within ``cap``, at least 2."""
     limit = cap if per_step <= 0 else int(budget_bytes // per_step)
     return int(max(2, min(cap, limit)))
 

@@ -57,7 +57,7 @@ class ByteQueue:
         t0 = None
         with self._cond:
             progress = None
-            while not force and self._bytes and self._bytes + item.nbytes > self.budget:
+            while not force and not self.room(item.nbytes):
                 if t0 is None:
                     t0 = time.monotonic()
                     progress = (self.ticks, t0)
@@ -71,6 +71,10 @@ class ByteQueue:
             self.max_bytes = max(self.max_bytes, self._bytes)
             self._cond.notify_all()
         return 0.0 if t0 is None else time.monotonic() - t0
+
+    def room(self, nbytes: int) -> bool:
+        """Whether an item of ``nbytes`` goes in now (one larger than the budget: into an empty queue)."""
+        return not self._bytes or self._bytes + nbytes <= self.budget
 
     def get(self, timeout: float | None) -> Item | None:
         """The next item (writer thread); None after ``timeout`` seconds without one."""

@@ -52,6 +52,7 @@ from ..errors import JaxlogError, WriterError
 from ..record.frames import FORMAT_VERSION, Frames, Schema
 from ..record.numbers import is_integer
 from .bytequeue import ByteQueue, Item, Stalled
+from .owned import holds_device_views, owned_frames
 from .format import CRC_ATTR, CRC_COVERS, LIBVER, attr_text, json_crc32, json_text
 from .dtypes import DTYPE_ATTR, KEY_IMPL_ATTR, check_frames, check_leaf_dtype, encode, storage_dtype, to_host
 from .pathlock import PathLock, process_alive
@@ -430,10 +431,10 @@ class HDF5Writer(Sink):
         self._check_alive()
         nbytes = _frames_bytes(frames)
         if nbytes + _ITEM_BYTES <= self.queue_bytes:
-            self._put(Item("frames", frames, nbytes + _ITEM_BYTES))
+            self._hand_over(frames, nbytes + _ITEM_BYTES)
         else:
             for piece in _slices(frames, self.queue_bytes - _ITEM_BYTES):
-                self._put(Item("frames", piece, _frames_bytes(piece) + _ITEM_BYTES))
+                self._hand_over(piece, _frames_bytes(piece) + _ITEM_BYTES)
         self._max_step = max(self._max_step, last)
 
     def _check_groups(self, frames: Frames) -> None:
@@ -543,6 +544,16 @@ class HDF5Writer(Sink):
             self._set_error(err)
             self._raise_pending()
             raise err
+
+    def _hand_over(self, frames: Frames, nbytes: int) -> None:
+        """Queue a batch; one holding views of a device's buffers is copied (``store.owned``) once
+        the queue has room for it, so the copy waiting for room never adds to what the queue holds."""
+        # (only the writer thread makes room; other batches wait for it in ``_put``, as they did)
+        if not self._stalled and holds_device_views(frames) and not self._queue.room(nbytes):
+            t0 = time.monotonic()
+            self._wait(lambda: self._queue.room(nbytes) or not self._alive(), "writing")
+            self.stats["blocked_s"] += time.monotonic() - t0
+        self._put(Item("frames", owned_frames(frames), nbytes))
 
     def _put(self, item: Item) -> None:
         if self._stalled:

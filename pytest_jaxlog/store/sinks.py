@@ -12,6 +12,7 @@ import numpy as np
 from ..store.dtypes import check_frames, check_leaf_dtype, to_host
 from ..errors import JaxlogError, WriterError
 from ..record.frames import Frames, Schema
+from .owned import owned
 from .sink import Sink
 from .scalars import rows_by_step, scalar_paths
 
@@ -41,13 +42,14 @@ class MemorySink(Sink):
             check_leaf_dtype(leaf.path, leaf.dtype)
 
     def write(self, frames: Frames) -> None:
-        # No copy: the driver hands over fresh host arrays it does not mutate.
+        # No copy: the driver hands over fresh host arrays it does not mutate (views of a
+        # device's buffers excepted: see store.owned).
         assert self.schema is not None, "[jaxlog] MemorySink.write before open"
         check_frames(self.schema, frames, self._last_steps)
         for path in frames:
             if len(frames.steps[path]):
                 self._steps[path].append(frames.steps[path])
-                self._values[path].append(frames.values[path])
+                self._values[path].append(owned(frames.values[path]))
 
     def attach(self, name: str, step: int, tree: dict[str, np.ndarray], *, key_impls: dict[str, str] | None = None) -> None:
         """Keep a snapshot; typed key arrays become key data with their impl noted (``key_impls``
