@@ -165,7 +165,7 @@ import sys
 import pytest
 import pytest_jaxlog as jl
 
-sys.path.insert(0, TESTS)
+sys.path[:0] = [TESTS, ROOT]  # resume_helpers imports the examples' kernels
 from resume_helpers import FailAt, kicked as step, energy, KICKED0 as S0
 
 
@@ -182,7 +182,8 @@ def test_chain(jaxlog):
 
 
 def test_the_fixture_resumes_a_run_of_the_test(pytester):
-    pytester.makepyfile(test_suite=SUITE.replace("TESTS", repr(str(Path(__file__).parent))))
+    here = Path(__file__).parent
+    pytester.makepyfile(test_suite=SUITE.replace("TESTS", repr(str(here))).replace("ROOT", repr(str(here.parent))))
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--jaxlog-keep=all")
     result.assert_outcomes(passed=1)
     doc = json.loads((pytester.path / ".jaxlog/manifest.json").read_text())
