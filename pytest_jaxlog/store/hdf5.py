@@ -52,7 +52,7 @@ from ..errors import JaxlogError, WriterError
 from ..record.frames import FORMAT_VERSION, Frames, Schema
 from ..record.numbers import is_integer
 from .bytequeue import ByteQueue, Item, Stalled
-from .owned import holds_device_views, owned_frames
+from .owned import copied_views, holds_device_views
 from .format import CRC_ATTR, CRC_COVERS, LIBVER, attr_text, json_crc32, json_text
 from .dtypes import DTYPE_ATTR, KEY_IMPL_ATTR, check_frames, check_leaf_dtype, encode, storage_dtype, to_host
 from .pathlock import PathLock, process_alive
@@ -549,11 +549,13 @@ class HDF5Writer(Sink):
         """Queue a batch; one holding views of a device's buffers is copied (``store.owned``) once
         the queue has room for it, so the copy waiting for room never adds to what the queue holds."""
         # (only the writer thread makes room; other batches wait for it in ``_put``, as they did)
-        if not self._stalled and holds_device_views(frames) and not self._queue.room(nbytes):
-            t0 = time.monotonic()
-            self._wait(lambda: self._queue.room(nbytes) or not self._alive(), "writing")
-            self.stats["blocked_s"] += time.monotonic() - t0
-        self._put(Item("frames", owned_frames(frames), nbytes))
+        if holds_device_views(frames):  # found once per batch: copied below, after any wait for room
+            if not self._stalled and not self._queue.room(nbytes):
+                t0 = time.monotonic()
+                self._wait(lambda: self._queue.room(nbytes) or not self._alive(), "writing")
+                self.stats["blocked_s"] += time.monotonic() - t0
+            frames = copied_views(frames)
+        self._put(Item("frames", frames, nbytes))
 
     def _put(self, item: Item) -> None:
         if self._stalled:

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..record.frames import Frames
 
-__all__ = ["device_view", "holds_device_views", "owned", "owned_frames"]
+__all__ = ["device_view", "holds_device_views", "owned", "owned_frames", "copied_views"]
 
 
 def device_view(values: Any) -> bool:
@@ -40,8 +40,12 @@ def holds_device_views(frames: Frames) -> bool:
 
 def owned_frames(frames: Frames) -> Frames:
     """``frames`` itself, or (when a value is a view of a device buffer) a batch holding copies."""
-    if not holds_device_views(frames):
-        return frames
+    return copied_views(frames) if holds_device_views(frames) else frames
+
+
+def copied_views(frames: Frames) -> Frames:
+    """A batch of ``frames``' values with each view of a device buffer copied (for a caller that
+    has already found one, ``holds_device_views``)."""
     out = Frames()
     for path, values in frames.values.items():
         out.add(path, frames.steps[path], owned(values))
