@@ -54,6 +54,7 @@ from ..record.numbers import is_integer
 from .bytequeue import ByteQueue, Item, Stalled
 from .owned import copied_views, holds_device_views
 from .format import CRC_ATTR, CRC_COVERS, LIBVER, attr_text, json_crc32, json_text
+from .journal import CommittedFile, durable_replace, opened, recover
 from .dtypes import DTYPE_ATTR, KEY_IMPL_ATTR, check_frames, check_leaf_dtype, encode, storage_dtype, to_host
 from .pathlock import PathLock, process_alive
 from .sink import STATUSES, Sink
@@ -258,24 +259,18 @@ def _write_all(fd: int, data: bytes) -> None:
         at += os.pwrite(fd, view[at:], at)
 
 
-def _close_discarding(f: h5py.File) -> None:
+def _close_discarding(f: h5py.File, cf: CommittedFile | None) -> None:
     """Close an h5py file whose writes have failed without writing any more to it.
 
     After a failed write HDF5 retries its dirty metadata on every flush and close, and h5py's
-    clean-up after a failed close crashes the interpreter (at once or at exit). Pointing HDF5's
-    descriptor at /dev/null lets the close succeed; the file keeps what reached the disk."""
-    try:
-        fd = f.id.get_vfd_handle()
-        null = os.open(os.devnull, os.O_RDWR)
-        try:
-            os.dup2(null, fd)
-        finally:
-            os.close(null)
-    except Exception:  # noqa: BLE001  (no descriptor: the file is already closed or not ours)
-        return
+    clean-up after a failed close crashes the interpreter (at once or at exit). The file object
+    under it drops every write from here on, so the close succeeds and the file keeps its last
+    commit (``store.journal``)."""
+    if cf is not None:
+        cf.discard()
     try:
         f.close()
-    except Exception:  # noqa: BLE001  (writes go to /dev/null; the error it reports is the one we have)
+    except Exception:  # noqa: BLE001  (writes are dropped; the error it reports is the one we have)
         pass
 
 
@@ -297,6 +292,8 @@ class HDF5Writer(Sink):
     ``replace_at_checkpoint``: a step; the new file takes ``path`` only once it holds a checkpoint
     at that step or later, and a writer closed before leaves the path as it was (``store.swap``:
     how ``jl.resume`` rewrites a trajectory).
+    ``durable``: sync each commit (every flush, checkpoint and the close) to the disk, so a power
+    loss keeps the last one; without it a kill still does (``store.journal``).
     """
 
     def __init__(
@@ -315,6 +312,7 @@ class HDF5Writer(Sink):
         particles: dict[str, dict[str, str]] | None = None,
         overwrite: bool = True,
         replace_at_checkpoint: int | None = None,
+        durable: bool = True,
     ):
         if not is_integer(queue_bytes) or queue_bytes < 1:
             raise JaxlogError(f"HDF5Writer(queue_bytes={queue_bytes!r}): needs an integer number of bytes >= 1")
@@ -335,6 +333,8 @@ class HDF5Writer(Sink):
         self.particles = particles or {}
         self.overwrite = overwrite
         self.replace_at_checkpoint = None if replace_at_checkpoint is None else int(replace_at_checkpoint)
+        self.durable = bool(durable)
+        self._cf: CommittedFile | None = None  # the file object HDF5 writes through: commits (store.journal)
         self._swap: PendingSwap | None = None  # the file under its temporary name until a checkpoint
         self.schema: Schema | None = None
         self.stats = {"batches": 0, "frames": 0, "bytes": 0, "flushes": 0, "max_queue_bytes": 0,
@@ -397,6 +397,7 @@ class HDF5Writer(Sink):
         try:
             if self.path.exists() and not self.overwrite:  # created meanwhile by another writer
                 raise JaxlogError(f"{self.path} exists and HDF5Writer(overwrite=False)")
+            recover(self.path)  # a commit a killed writer left half applied: rolled back first
             self._remove_stale_temps()
             self._create_beside(schema, meta)  # in place and "open" from here on
             self._thread = threading.Thread(target=self._run, name=f"jaxlog-hdf5:{self.path.name}", daemon=True)
@@ -629,35 +630,37 @@ class HDF5Writer(Sink):
         own = (len(self._texts["provenance"]) + len(self._texts["meta"])) * 2 + _LAYOUT_BYTES
         f = None
         try:
+            self._fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+                               | getattr(os, "O_CLOEXEC", 0), 0o666)
+            self._space = SpaceReserve(self._fd, str(self.path))
             if template is None:
-                f = h5py.File(tmp, "w-", libver=LIBVER)
-                self._fd = os.open(tmp, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
-                self._space = SpaceReserve(self._fd, str(self.path))
+                self._cf = CommittedFile(self._fd, self.path, in_place=False, durable=self.durable)
+                f = opened(h5py.File(self._cf, "w", libver=LIBVER), self._cf)
                 layout = len(self._texts["schema"]) * 2 + _LAYOUT_BYTES * (len(schema.leaves) + 4)
                 self._space.ensure(f.id.get_filesize() + layout + own + _SLACK, "the file's layout")
                 columns = self._build(f, schema, frames, None)
-                f.flush()
+                self._commit(f)
                 self._keep_template(key, columns)
             else:
-                self._fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
-                self._space = SpaceReserve(self._fd, str(self.path))
                 self._space.ensure(len(template.data) + own + _SLACK, "the file's layout")
                 _write_all(self._fd, template.data)
-                f = h5py.File(tmp, "r+", libver=LIBVER)
+                self._cf = CommittedFile(self._fd, self.path, in_place=False, durable=self.durable)
+                f = opened(h5py.File(self._cf, "r+", libver=LIBVER), self._cf)
                 self._build(f, schema, frames, template)
             jl = self._jl
             for name in ("provenance", "meta"):
                 jl.attrs[name] = attr_text(self._texts[name])
             jl.attrs[CRC_ATTR] = np.uint32(json_crc32(self._texts))
-            f.flush()
+            self._commit(f)
             self._flushed_end = f.id.get_filesize()
             if self._flushed_end > self._space.reserved:
                 self.stats["reserve_misses"] += 1
             self._space.forget()
             if self.replace_at_checkpoint is None:
-                os.replace(tmp, self.path)
+                durable_replace(tmp, self.path, durable=self.durable)
+                self._cf.now_in_place()
             else:
-                self._swap = PendingSwap(tmp, self.path, self.replace_at_checkpoint)
+                self._swap = PendingSwap(tmp, self.path, self.replace_at_checkpoint, durable=self.durable)
             self._file, self._state = f, "open"
         except BaseException as exc:
             if self._state != "open" and f is not None and not os.path.lexists(tmp):  # renamed, then interrupted
@@ -665,7 +668,7 @@ class HDF5Writer(Sink):
             if self._state == "open":  # in place already: open() finishes it
                 raise
             if f is not None:
-                _close_discarding(f)
+                _close_discarding(f, self._cf)
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
@@ -953,14 +956,14 @@ class HDF5Writer(Sink):
         self._check_end(bound)
         if name == "checkpoint":
             self._flush()
-            if self._swap is not None:
-                self._swap.checkpoint_written(step)
+            if self._swap is not None and self._swap.checkpoint_written(step):
+                self._cf.now_in_place()
 
     def _flush(self) -> None:
         f = self._file
         bound = self._flushed_end + self._unflushed + _SLACK
         self._set_fixed("steps_done", max(self._written_step, 0))
-        f.flush()
+        self._commit(f)
         self._space.forget()
         self._check_end(bound)
         self._flushed_end = self._file_end()
@@ -968,13 +971,37 @@ class HDF5Writer(Sink):
         self._gen += 1
         self.stats["flushes"] += 1
 
+    def _commit(self, f: h5py.File) -> None:
+        """``f.flush()``, which commits (``store.journal``); HDF5 reports a failed commit only as
+        a failed flush, so the commit's own error is the one raised."""
+        try:
+            f.flush()
+        except Exception as exc:
+            cause = self._cf.error if self._cf is not None else None
+            if cause is None:
+                raise
+            self._cf.error = None
+            if isinstance(cause, WriterError):
+                raise cause from exc
+            raise WriterError(f"committing {self.path} failed: {type(cause).__name__}: {cause}") from cause
+
+    def _reopen(self) -> h5py.File:
+        """The file again, to finish it, after its writer thread died (the pages it had not
+        committed are gone: the file holds its last commit)."""
+        where = self.path if self._swap is None else self._swap.where
+        if self._fd is None:
+            self._fd = os.open(where, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        self._cf = CommittedFile(self._fd, self.path, in_place=self._swap is None or self._swap.done,
+                                 durable=self.durable)
+        return opened(h5py.File(self._cf, "r+"), self._cf)
+
     def _finalize(self, status: str, steps_done: int, violation: dict | None, summary: dict | None = None) -> None:
         """Final attributes and close; always closes the file and frees the path, even after a
         writer error. A file whose last write failed is closed without writing more to it."""
         f = self._file
         try:
             if f is None or not f.id.valid:
-                f = self._file = h5py.File(self.path if self._swap is None else self._swap.where, "r+")
+                f = self._file = self._reopen()
                 self._jl = f["jaxlog"]
             jl = self._jl
             error = self._error
@@ -1003,10 +1030,10 @@ class HDF5Writer(Sink):
                 self._set_fixed("writer_error", str(error))
             self._set_fixed("status", status)
             self._set_fixed("steps_done", int(steps_done))
-            f.flush()
+            self._commit(f)
         except BaseException:
             if f is not None:
-                _close_discarding(f)
+                _close_discarding(f, self._cf)
             raise
         finally:
             self._fixed = {}  # their ids are closed with the file
@@ -1020,6 +1047,8 @@ class HDF5Writer(Sink):
     def _release(self) -> None:
         """After the file is closed: cut the reserved tail, free the path."""
         fd, self._fd = self._fd, None
+        if self._cf is not None:
+            self._cf.close()
         if fd is not None:
             trim(fd)
             os.close(fd)
@@ -1031,6 +1060,32 @@ class HDF5Writer(Sink):
 
     def __repr__(self) -> str:
         return f"HDF5Writer({str(self.path)!r}, {self._state})"
+
+
+def set_text_attr(path: Path, name: str, text: str, *, durable: bool = True) -> None:
+    """Set the ``/jaxlog`` attribute ``name`` of a closed trajectory in one commit (a kill leaves
+    the file with it or without it), under the path's lock."""
+    lock = PathLock(path)
+    lock.acquire()
+    fd = None
+    cf = None
+    try:
+        recover(path)
+        fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        cf = CommittedFile(fd, path, durable=durable)
+        f = opened(h5py.File(cf, "r+"), cf)
+        try:
+            f["jaxlog"].attrs[name] = attr_text(text)
+        except BaseException:
+            _close_discarding(f, cf)
+            raise
+        f.close()
+    finally:
+        if cf is not None:
+            cf.close()
+        if fd is not None:
+            os.close(fd)
+        lock.release()
 
 
 @atexit.register

@@ -15,6 +15,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .journal import durable_replace
+
 
 @dataclass
 class PendingSwap:
@@ -24,13 +26,17 @@ class PendingSwap:
     where: Path
     path: Path
     at: int
+    durable: bool = True  # the rename survives a power loss (the directory is synced after it)
     done: bool = False
 
-    def checkpoint_written(self, step: int) -> None:
-        """A checkpoint at ``step`` was written and flushed: the file takes the path if it is due."""
+    def checkpoint_written(self, step: int) -> bool:
+        """A checkpoint at ``step`` was written and flushed: the file takes the path if it is due
+        (returns whether it did, now)."""
         if not self.done and step >= self.at:
-            os.replace(self.where, self.path)
+            durable_replace(self.where, self.path, durable=self.durable)
             self.where, self.done = self.path, True
+            return True
+        return False
 
     def abandon(self) -> None:
         """The writer closed without a due checkpoint: its file goes, the path keeps what it had."""

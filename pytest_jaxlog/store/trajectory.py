@@ -16,8 +16,9 @@ import contextlib
 import dataclasses
 import json
 import os
+import weakref
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple, TypeVar
 
 import h5py
 import numpy as np
@@ -28,21 +29,35 @@ from ..record.records import WHEN, is_record_path, leaf_paths
 from ..record.numbers import is_dt, is_integer
 from ..record.runmeta import READ_MAX_BYTES, described_run, run_meta
 from ..record.schedule import schedule_from_json
-from . import h5safe
+from . import h5safe, journal
 from .dtypes import DTYPE_ATTR, KEY_IMPL_ATTR, check_leaf_dtype, decode, storage_dtype, wrap_key_data
-from .format import CRC_ATTR, attr_text, json_crc32, json_text
-from .hdf5 import HDF5Writer
+from .format import CRC_ATTR, json_crc32, json_text
+from .hdf5 import HDF5Writer, set_text_attr
 from .parts import PartIndex, invalid_index, read_blocks, read_index
 from .selection import select_frames
 from .treedef import CHECKPOINT_META, beyond_dicts, template
 from .sink import STATUSES
 
+_T = TypeVar("_T")
 _REQUIRED = ("format_version", "schema", "status", "steps_done")
 _OPTIONAL = ("provenance", "meta", "violation", "writer_error", "summary", "parts", "golden")
 _READ_ERRORS = (OSError, RuntimeError, KeyError)  # what h5py raises for unreadable or corrupted data
 
 
+_RACED_READS = 20  # reads of a live file that may each overlap one of its writer's commits
+
+
 def _open(path: Path) -> h5py.File:
+    """The file as of its last commit: read through its journal while a commit is being applied
+    or after a writer was killed applying one (``store.journal``); the file is never changed."""
+    state = journal.read_state(path)
+    if state is not None and state.hot:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        if state.names(os.fstat(fd)):
+            view = journal.CommittedView(fd, state)
+            weakref.finalize(view, os.close, fd)  # HDF5 holds the view until the file is closed
+            return journal.opened(h5py.File(view, "r"), view)
+        os.close(fd)  # the journal of another file at this name (one being made to replace it)
     try:
         return h5py.File(path, "r")
     except OSError as exc:
@@ -452,23 +467,25 @@ class Trajectory:
         return self._lengths
 
     def _file_read(self, path: str, what: str, index: Any) -> np.ndarray | None:
-        with _reading(self.path) as f:
-            n = self._file_lengths(f)[path]
-            d = leaf_data(f, self.path, self.schema[path])
-            ds = getattr(d, what)
-            if ds is None:
-                return None
-            self._check_chunks(ds, n, f"/observables/{path}/{what}")
-            try:
-                out = _read(ds, n, index)
-            except _READ_ERRORS as exc:
-                out = self._read_torn(ds, n, index)
-                if out is None:
-                    raise JaxlogError(f"{self.path}: reading record {path!r} ({what}) failed: the file is damaged "
-                                      f"({type(exc).__name__}: {exc})") from None
-            if what == "value":
-                out = decode(np.asarray(out), d.dtype_name)
-            return out
+        return _committed_read(self.path, lambda f: self._file_read_in(f, path, what, index))
+
+    def _file_read_in(self, f: h5py.File, path: str, what: str, index: Any) -> np.ndarray | None:
+        n = self._file_lengths(f)[path]
+        d = leaf_data(f, self.path, self.schema[path])
+        ds = getattr(d, what)
+        if ds is None:
+            return None
+        self._check_chunks(ds, n, f"/observables/{path}/{what}")
+        try:
+            out = _read(ds, n, index)
+        except _READ_ERRORS as exc:
+            out = self._read_torn(ds, n, index)
+            if out is None:
+                raise JaxlogError(f"{self.path}: reading record {path!r} ({what}) failed: the file is damaged "
+                                  f"({type(exc).__name__}: {exc})") from None
+        if what == "value":
+            out = decode(np.asarray(out), d.dtype_name)
+        return out
 
     def _read_torn(self, ds: h5py.Dataset, n: int, index: Any) -> np.ndarray | None:
         """``values[:n][index]`` of a file whose writer was killed while it rewrote the last chunk
@@ -531,9 +548,11 @@ class Trajectory:
         """The steps ``name`` has a snapshot at, oldest first (nothing of them is read)."""
         if self._attachments is not None:
             return sorted(self._attachments.get(name, {}))
-        with _reading(self.path) as f:
+        def read(f: h5py.File) -> list[int]:
             root = _attachments_root(f, self.path, name)
             return [] if root is None else _steps_in(root, self.path, name)
+
+        return _committed_read(self.path, read)
 
     def snapshot(self, name: str, step: int) -> Snapshot | None:
         """The snapshot ``name`` at ``step`` (None when there is none), read and checked alone:
@@ -544,11 +563,13 @@ class Trajectory:
                 return None
             impls = self._attachment_impls.get(name, {})
             return Snapshot(step, dict(arrays), {p: i for p, i in impls.items() if p in arrays})
-        with _reading(self.path) as f:
+        def read(f: h5py.File) -> Snapshot | None:
             root = _attachments_root(f, self.path, name)
             if root is None or str(step) not in root:
                 return None
             return self._read_snapshot(root, name, step)
+
+        return _committed_read(self.path, read)
 
     def _read_snapshot(self, root: Any, name: str, step: int) -> Snapshot:
         """One attachment group, read and checked."""
@@ -618,9 +639,7 @@ class Trajectory:
             writer.write(frames)
             names = {"postmortem"} if self._attachments is None else set(self._attachments)
             if self._attachments is None and self.path is not None:
-                with _reading(self.path) as f:
-                    root = _attachments_root(f, self.path, None)
-                    names = set(root) if root is not None else set()
+                names = _committed_read(self.path, lambda f: _attachment_names(f, self.path))
             for name in sorted(names):
                 for snap in self.snapshots(name):
                     writer.attach(name, snap.step, snap.arrays, key_impls=snap.key_impls)
@@ -630,8 +649,7 @@ class Trajectory:
         writer.close(self.status, steps_done=self.steps_done, violation=self.violation,
                      summary=self._info.get("summary"))
         if golden is not None:  # not covered by the checksum: a file written before it existed reads the same
-            with h5py.File(path, "r+") as f:
-                f["jaxlog"].attrs["golden"] = attr_text(json_text(golden))
+            set_text_attr(Path(path), "golden", json_text(golden), durable=writer.durable)
         return Path(path)
 
     @classmethod
@@ -665,6 +683,24 @@ def _open_checked(path: Path) -> h5py.File:
         raise JaxlogError(f"{path}: cannot open the trajectory file ({exc})") from None
 
 
+def _committed_read(path: Path, read: Callable[[h5py.File], _T]) -> _T:
+    """``read(file)`` on the file as of one commit; again when a commit of a live writer started
+    meanwhile (the journal's generation changed: what was read may mix two commits)."""
+    for _ in range(_RACED_READS):
+        before = journal.generation(path)
+        try:
+            with _reading(path) as f:
+                out = read(f)
+        except JaxlogError:
+            if journal.generation(path) != before:
+                continue
+            raise
+        if journal.generation(path) == before:
+            return out
+    raise JaxlogError(f"{path}: each of {_RACED_READS} reads overlapped a commit of its live writer; read it "
+                      f"again later, or once its writer has closed it")
+
+
 @contextlib.contextmanager
 def _reading(path: Path):
     """The open file, with h5py's errors from reading a damaged one as one JaxlogError."""
@@ -673,6 +709,11 @@ def _reading(path: Path):
             yield f
         except _READ_ERRORS as exc:
             raise JaxlogError(f"{path}: the file is damaged ({type(exc).__name__}: {exc})") from None
+
+
+def _attachment_names(f: h5py.File, file: Path) -> set[str]:
+    root = _attachments_root(f, file, None)
+    return set(root) if root is not None else set()
 
 
 def _steps_in(root: h5py.Group, file: Path, name: str) -> list[int]:
@@ -851,34 +892,37 @@ def load(path: str | os.PathLike, *, part_of: Path | None = None) -> Trajectory:
         inside = sorted(p.name for p in path.glob("*.h5"))[:5]
         hint = f" (trajectory files in it: {', '.join(inside)})" if inside else ""
         raise JaxlogError(f"{path} is a directory, not a trajectory file{hint}")
-    f = _open_checked(path)
-    with f:
-        try:
-            jl = h5safe.child(f, "jaxlog", path, "/jaxlog")
-            if jl is None:
-                try:
-                    top = ", ".join(f.keys()) or "(none)"
-                except (*_READ_ERRORS, ValueError):
-                    top = "unreadable"
-                raise JaxlogError(f"{path} is not a pytest-jaxlog trajectory: it has no /jaxlog group "
-                                  f"(top-level groups: {top})")
-            jl = h5safe.group(jl, path, "/jaxlog")
-            info = _read_info(jl, path)
-            schema = _schema_from_json(info["schema"], path)
-            if info.get("parts") is not None:  # the index of a run over several processes: data in the parts
-                if part_of is not None:
-                    raise invalid_index(part_of, f"part file {path.name} is itself an index")
-                parted = read_index(path, schema, info, load_part=lambda f: load(f, part_of=path))
-                return PartedTrajectory(schema, info, path=path, parted=parted)
-            obs = h5safe.child(f, "observables", path, "/observables")
-            absent = [p for p in schema.paths
-                      if obs is None or h5safe.get(h5safe.group(obs, path, "/observables"), p, path, "/observables") is None]
-            if absent:
-                raise JaxlogError(f"{path}: records {absent} are in the schema but not under /observables")
-            traj = Trajectory(schema, info, path=path)
-            traj._file_lengths(f)  # every record's datasets, checked against the schema
-        except _READ_ERRORS as exc:  # a damaged object header, heap or B-tree
-            raise JaxlogError(f"{path}: the file is damaged ({type(exc).__name__}: {exc})") from None
+    return _committed_read(path, lambda f: _load_from(f, path, part_of))
+
+
+def _load_from(f: h5py.File, path: Path, part_of: Path | None) -> Trajectory:
+    """``load``'s reading of the open file (again if a live writer's commit overlapped it)."""
+    try:
+        jl = h5safe.child(f, "jaxlog", path, "/jaxlog")
+        if jl is None:
+            try:
+                top = ", ".join(f.keys()) or "(none)"
+            except (*_READ_ERRORS, ValueError):
+                top = "unreadable"
+            raise JaxlogError(f"{path} is not a pytest-jaxlog trajectory: it has no /jaxlog group "
+                              f"(top-level groups: {top})")
+        jl = h5safe.group(jl, path, "/jaxlog")
+        info = _read_info(jl, path)
+        schema = _schema_from_json(info["schema"], path)
+        if info.get("parts") is not None:  # the index of a run over several processes: data in the parts
+            if part_of is not None:
+                raise invalid_index(part_of, f"part file {path.name} is itself an index")
+            parted = read_index(path, schema, info, load_part=lambda f: load(f, part_of=path))
+            return PartedTrajectory(schema, info, path=path, parted=parted)
+        obs = h5safe.child(f, "observables", path, "/observables")
+        absent = [p for p in schema.paths
+                  if obs is None or h5safe.get(h5safe.group(obs, path, "/observables"), p, path, "/observables") is None]
+        if absent:
+            raise JaxlogError(f"{path}: records {absent} are in the schema but not under /observables")
+        traj = Trajectory(schema, info, path=path)
+        traj._file_lengths(f)  # every record's datasets, checked against the schema
+    except _READ_ERRORS as exc:  # a damaged object header, heap or B-tree
+        raise JaxlogError(f"{path}: the file is damaged ({type(exc).__name__}: {exc})") from None
     return traj
 
 # One system of a batched trajectory, read as a trajectory of its own (``traj.system(i)``): a
