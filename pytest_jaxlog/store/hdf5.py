@@ -16,8 +16,10 @@ Why a thread and a queue bounded in bytes: the caller (the driver) only validate
 so HDF5 I/O overlaps the next device chunk; when the disk is slower than the kernel the caller
 blocks instead of buffering without limit, and a writer stuck on a hung disk makes the caller's
 wait end with an error instead of a hang. Why this file format (superblock v2, ``libver="v108"``,
-no SWMR): flushed at an interval, such a file opens with plain h5py after a SIGKILL (SWMR files
-need ``h5clear`` or ``swmr=True`` readers after a crash). Data chunks carry Fletcher-32 checksums,
+no SWMR): a plain HDF5 file any reader opens (SWMR files need ``h5clear`` or ``swmr=True``
+readers after a crash, and take no new objects while written). Why HDF5 writes through our file
+object (``store.journal``): each flush is a commit, so a kill or a power loss at any instant
+leaves the file as of its last flush, never half of one. Data chunks carry Fletcher-32 checksums,
 so a flipped bit is a read error, not a wrong value.
 
 Why the file is made beside its path and renamed into place: until the layout is complete and
@@ -991,6 +993,9 @@ class HDF5Writer(Sink):
         where = self.path if self._swap is None else self._swap.where
         if self._fd is None:
             self._fd = os.open(where, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        if self._cf is not None:
+            self._cf.discard()
+            self._cf.close()
         self._cf = CommittedFile(self._fd, self.path, in_place=self._swap is None or self._swap.done,
                                  durable=self.durable)
         return opened(h5py.File(self._cf, "r+"), self._cf)

@@ -28,6 +28,7 @@ reads again (``generation``). SQLite's rollback journal works the same way.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import os
 import stat
@@ -40,6 +41,11 @@ from typing import Any, NamedTuple
 
 from ..errors import WriterError
 
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; readers then rely on the generation check alone
+    fcntl = None  # type: ignore[assignment]
+
 PAGE = 4096  # bytes per page kept in memory for a write inside the committed end
 JOURNAL_SUFFIX = ".jaxlog-journal"
 _MAGIC = b"JAXLOGJ1"
@@ -50,6 +56,7 @@ _HEADER = struct.Struct("<8sIIQQQQIQI")
 _ENTRY = struct.Struct("<QI")  # offset, length (then the committed bytes)
 _MAX_PAYLOAD = 1 << 34  # a header declaring more is not a journal of ours: never read
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_HOLD_S = 1.0  # longest a commit waits for readers (a reader may be stuck: the commit then goes on)
 
 
 _OPEN: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()  # HDF5 file -> our file object
@@ -102,13 +109,24 @@ class Disk:
     def size(self, fd: int) -> int:
         return os.fstat(fd).st_size
 
+    def rename(self, src: Path, dst: Path) -> None:
+        os.replace(src, dst)
 
-SYSTEM = Disk()
+    def unlink(self, path: Path) -> None:
+        os.unlink(path)
 
 
-def sync_directory(path: Path, disk: Disk = SYSTEM) -> None:
+SYSTEM = Disk()  # looked up at each call: a test puts its own in its place
+
+
+def _disk(disk: Disk | None) -> Disk:
+    return SYSTEM if disk is None else disk
+
+
+def sync_directory(path: Path, disk: Disk | None = None) -> None:
     """Make a rename or a new name in ``path``'s directory survive a power loss (best effort: some
     file systems cannot open a directory)."""
+    disk = _disk(disk)
     try:
         fd = os.open(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError:
@@ -121,10 +139,11 @@ def sync_directory(path: Path, disk: Disk = SYSTEM) -> None:
         os.close(fd)
 
 
-def durable_replace(src: Path, dst: Path, *, durable: bool = True, disk: Disk = SYSTEM) -> None:
+def durable_replace(src: Path, dst: Path, *, durable: bool = True, disk: Disk | None = None) -> None:
     """``os.replace`` whose result survives a power loss: the file's bytes are synced by its last
     commit, the new name by syncing the directory after the rename."""
-    os.replace(src, dst)
+    disk = _disk(disk)
+    disk.rename(src, dst)
     if durable:
         sync_directory(dst, disk)
 
@@ -185,10 +204,11 @@ def _open_journal_read(path: Path) -> int | None:
     return fd
 
 
-def read_state(target: Path, disk: Disk = SYSTEM) -> JournalState | None:
+def read_state(target: Path, disk: Disk | None = None) -> JournalState | None:
     """The journal of ``target`` when it is whole and checks out; None otherwise (absent, torn by a
     kill while it was written, or not one of ours): then the file's committed bytes were never
     touched by a commit in progress."""
+    disk = _disk(disk)
     fd = _open_journal_read(journal_path(target))
     if fd is None:
         return None
@@ -217,8 +237,42 @@ def read_state(target: Path, disk: Disk = SYSTEM) -> JournalState | None:
     return JournalState(header, tuple(entries))
 
 
-def generation(target: Path, disk: Disk = SYSTEM) -> int | None:
+def _flock(fd: int, kind: int, wait_s: float) -> bool:
+    """``flock`` within ``wait_s`` (False: not taken; nobody waits forever on another process)."""
+    if fcntl is None:
+        return False
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, kind | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.0005)
+        except OSError:  # a file system without locks
+            return False
+
+
+@contextlib.contextmanager
+def reading(target: Path):
+    """Hold off the next commit of ``target``'s live writer while a read runs (a commit waits up
+    to ``_HOLD_S`` for readers): a writer committing more often than a read takes would otherwise
+    overlap every read of a live file."""
+    fd = _open_journal_read(journal_path(target))
+    if fd is None:
+        yield
+        return
+    try:
+        _flock(fd, fcntl.LOCK_SH if fcntl is not None else 0, _HOLD_S)
+        yield
+    finally:
+        os.close(fd)  # and the lock with it
+
+
+def generation(target: Path, disk: Disk | None = None) -> int | None:
     """What a reader compares before and after a read: it changes whenever a commit starts."""
+    disk = _disk(disk)
     fd = _open_journal_read(journal_path(target))
     if fd is None:
         return None
@@ -235,11 +289,11 @@ class Journal:
     """The writer's journal file: created at its first commit that changes committed bytes, kept
     (its blocks too, so a full disk still takes the next commit's) until the writer closes."""
 
-    def __init__(self, target: Path, file_fd: int, *, durable: bool, disk: Disk = SYSTEM):
+    def __init__(self, target: Path, file_fd: int, *, durable: bool, disk: Disk | None = None):
         self.path = journal_path(target)
         self.file_fd = file_fd
         self.durable = durable
-        self.disk = disk
+        self.disk = _disk(disk)
         self.fd: int | None = None
         self.generation = time.time_ns()  # above any earlier writer's: a reader sees a change
         self.allocated = 0
@@ -275,6 +329,8 @@ class Journal:
             parts.append(e.data)
         payload = b"".join(parts)
         st = os.fstat(self.file_fd)
+        if fcntl is not None:
+            _flock(self.fd, fcntl.LOCK_EX, _HOLD_S)  # readers of the previous commit finish first
         self.generation += 1
         header = Header(_HOT, self.generation, st.st_dev, st.st_ino, committed, len(entries), len(payload))
         need = _HEADER.size + len(payload)
@@ -297,15 +353,24 @@ class Journal:
         if self.durable:
             self.disk.fsync(self.fd)
 
+    def unlock(self) -> None:
+        """Readers may read again (after a commit, or a commit that failed: they then read the
+        file through the hot journal)."""
+        if fcntl is not None and self.fd is not None:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+            except OSError:
+                pass
+
     def remove(self) -> None:
         fd, self.fd = self.fd, None
         if fd is None:
             return
         os.close(fd)
         try:
-            os.unlink(self.path)
+            self.disk.unlink(self.path)
         except OSError:
-            pass  # gone already: a clean journal left behind restores nothing either
+            pass  # gone already, or cannot go: a clean journal left behind restores nothing either
 
 
 class CommittedFile:
@@ -315,10 +380,10 @@ class CommittedFile:
     nothing reads: written straight through, no journal, until ``now_in_place``. ``durable``: sync
     at each commit, so a power loss keeps the last one (a kill keeps it either way)."""
 
-    def __init__(self, fd: int, target: Path, *, in_place: bool = True, durable: bool = True, disk: Disk = SYSTEM):
+    def __init__(self, fd: int, target: Path, *, in_place: bool = True, durable: bool = True, disk: Disk | None = None):
         self.fd = fd
         self.target = target
-        self.disk = disk
+        self.disk = disk = _disk(disk)
         self.durable = durable
         self.size = disk.size(fd)  # HDF5's end of file: grows with writes, set by truncate
         self.in_place = in_place
@@ -449,17 +514,21 @@ class CommittedFile:
             entries.append(Entry(start, self.disk.pread(self.fd, stop - start, start)))
         if self.size < self.committed:
             entries.append(Entry(self.size, self.disk.pread(self.fd, self.committed - self.size, self.size)))
-        if entries:
-            self.journal.hot(self.committed, entries)
-        for p in sorted(self.pages):
-            start = p * PAGE
-            self.disk.pwrite(self.fd, memoryview(self.pages[p])[:min(PAGE, self.committed - start)], start)
-        if self.disk.size(self.fd) > self.size and self.size < self.committed:
-            self.disk.ftruncate(self.fd, self.size)
-        if self.durable:
-            self.disk.fsync(self.fd)
-        if entries:
-            self.journal.clean()
+        try:
+            if entries:
+                self.journal.hot(self.committed, entries)
+            for p in sorted(self.pages):
+                start = p * PAGE
+                self.disk.pwrite(self.fd, memoryview(self.pages[p])[:min(PAGE, self.committed - start)], start)
+            if self.size < self.committed:
+                self.disk.ftruncate(self.fd, self.size)
+            if self.durable:
+                self.disk.fsync(self.fd)
+            if entries:
+                self.journal.clean()
+        finally:
+            if entries:
+                self.journal.unlock()
         self.committed = self.cut = self.size if self.in_place else 0
         self.pages.clear()
         self.commits += 1
@@ -480,10 +549,11 @@ class CommittedFile:
         self.journal.remove()
 
 
-def recover(target: Path, disk: Disk = SYSTEM) -> bool:
+def recover(target: Path, disk: Disk | None = None) -> bool:
     """Roll back a commit a killed writer left half applied (its journal is hot and names the
     file at ``target``), then remove the journal. Only under the path's lock: no live writer.
     Returns whether the file was rolled back."""
+    disk = _disk(disk)
     state = read_state(target, disk)
     rolled = False
     if state is not None and state.hot:
@@ -504,7 +574,7 @@ def recover(target: Path, disk: Disk = SYSTEM) -> bool:
     jpath = journal_path(target)
     if os.path.lexists(jpath):
         try:
-            os.unlink(jpath)
+            disk.unlink(jpath)
         except OSError:
             pass
     return rolled
@@ -514,9 +584,9 @@ class CommittedView:
     """A read-only file object: the file as of the commit a hot journal restores, read through it
     (the file is not changed: a reader never writes)."""
 
-    def __init__(self, fd: int, state: JournalState, disk: Disk = SYSTEM):
+    def __init__(self, fd: int, state: JournalState, disk: Disk | None = None):
         self.fd = fd
-        self.disk = disk
+        self.disk = _disk(disk)
         self.size = state.header.committed
         self.entries = sorted(state.entries)
         self.pos = 0

@@ -689,7 +689,7 @@ def _committed_read(path: Path, read: Callable[[h5py.File], _T]) -> _T:
     for _ in range(_RACED_READS):
         before = journal.generation(path)
         try:
-            with _reading(path) as f:
+            with journal.reading(path), _reading(path) as f:
                 out = read(f)
         except JaxlogError:
             if journal.generation(path) != before:
