@@ -28,22 +28,31 @@ def gather(values: list[int]) -> np.ndarray:
 
 
 class StopVote:
-    """One run's per-chunk vote on stopping (see the module's doc)."""
+    """One run's per-chunk vote on stopping (see the module's doc). The vote is chained between
+    the chunks: it takes the chunk's ``stopped`` output (the ``until=`` flags) and hands it on to
+    the next chunk unchanged, so no process runs a vote before its chunk or a chunk before the
+    vote before it (programs without a data dependency may run in either order, and two
+    processes running their collectives in different orders would wait for each other forever)."""
 
-    def __init__(self) -> None:
+    def __init__(self, replicated: Any) -> None:
         from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-        devices = jax.devices()
-        mesh = Mesh(np.array(devices), ("p",))
-        self.split = NamedSharding(mesh, PartitionSpec("p"))
-        self.local = jax.local_device_count()
-        self.process_of = np.array([d.process_index for d in devices])
-        self.fn = _gathering(NamedSharding(mesh, PartitionSpec()))
+        self.chained = replicated is not None  # the run's small values live on the state's mesh
+        mesh = replicated.mesh if self.chained else Mesh(np.array(jax.devices()), ("p",))
+        self.split = NamedSharding(mesh, PartitionSpec(tuple(mesh.axis_names)))
+        self.size = int(mesh.size)
+        self.process_of = np.array([d.process_index for d in mesh.devices.flat])
+        self.fn = _voting(NamedSharding(mesh, PartitionSpec()), self.chained)
 
-    def cast(self, signum: int) -> Any:
-        """Dispatch this process's vote (``signum``: the signal asking it to stop, 0 for none)."""
-        flags = np.full(self.local, signum, np.int32)
-        return self.fn(jax.make_array_from_process_local_data(self.split, flags))
+    def cast(self, stopped: Any, signum: int) -> tuple[Any, Any]:
+        """Dispatch this process's vote (``signum``: the signal asking it to stop, 0 for none) after
+        the chunk whose ``stopped`` output it takes; returns what the next chunk takes instead,
+        and the vote."""
+        flags = jax.make_array_from_callback((self.size,), self.split,
+                                             lambda index: np.full(len(range(self.size)[index[0]]), signum, np.int32))
+        if not self.chained:
+            return stopped, self.fn(flags)
+        return self.fn(stopped, flags)
 
     def read(self, vote: Any) -> dict[int, int]:
         """The processes that asked to stop and their signals (waits for the vote's program)."""
@@ -51,7 +60,14 @@ class StopVote:
         return {int(p): int(s) for p, s in zip(self.process_of, flags) if s}
 
 
-@functools.lru_cache(maxsize=4)
-def _gathering(replicated: Any) -> Any:
-    """The vote's program, compiled once per mesh (not once per run)."""
-    return jax.jit(lambda flags: flags, out_shardings=replicated)
+@functools.lru_cache(maxsize=8)
+def _voting(replicated: Any, chained: bool) -> Any:
+    """The vote's program, compiled once per mesh (not once per run): every device's flag,
+    gathered everywhere; chained, with ``stopped`` passed through (its value unchanged, but
+    computed after the gathering: flags are never negative)."""
+    import jax.numpy as jnp
+
+    if not chained:
+        return jax.jit(lambda flags: flags, out_shardings=replicated)
+    return jax.jit(lambda stopped, flags: (jnp.where(jnp.min(flags) < 0, stopped - 1, stopped), flags),
+                   out_shardings=(replicated, replicated))

@@ -172,7 +172,8 @@ class RunLoop:
         # the program would compile again for the mix of committed and uncommitted arguments)
         self.fills = Fills(plan, self.shapes, device if self.committed else None, cfg.budget,
                            0 if self.use_donate else self.resolved.state_bytes, close_at=cfg.checkpoint,
-                           placement=leaves[0].sharding if self.committed else None, sharded=self.mesh_rep is not None)
+                           placement=leaves[0].sharding if self.committed else None, sharded=self.mesh_rep is not None,
+                           each_chunk=self.layout is not None)
         self.reader = Reader.of(plan, self.shapes, device.platform if device is not None else jax.default_backend(),
                                 self.layout)
         self.chunk_program: tuple | None = None  # (jitted chunk, plan, its arguments' Signature), for run.compiled_chunk()
@@ -199,7 +200,7 @@ class RunLoop:
         self.sinks_tried = False  # opening them was attempted (a failed attempt is not made again)
         self.checked_through = cfg.start_step  # the invariants have seen the frames up to here
         # over several processes: each chunk's vote on stopping (a SIGTERM in any process), by its first step
-        self.vote = StopVote() if self.layout is not None else None
+        self.vote = StopVote(self.mesh_rep) if self.layout is not None else None
         self.votes: dict[int, Any] = {}
 
     # -- run ----------------------------------------------------------------------------------------
@@ -261,7 +262,7 @@ class RunLoop:
             self.program_bufs = bufs is not None
         self.cur, self.cur_step, self.stopped = out["state"], k0 + length, out["stopped"]
         if self.vote is not None:
-            self.votes[k0] = self.vote.cast(self.deferred.signum if self.deferred is not None else 0)
+            self.stopped, self.votes[k0] = self.vote.cast(self.stopped, self.deferred.signum if self.deferred else 0)
         t1 = now_ns()
         if self.cfg.timeline is not None:
             self.cfg.timeline.slice("dispatch", f"steps {k0}..{k0 + length}", t0, t1, {"k0": k0, "length": length})
@@ -299,6 +300,7 @@ class RunLoop:
             chunks = [c for f in batch for c in f.chunks]
             at = next((c for c in chunks if c.k0 < step <= c.end), chunks[0])
             earlier = self.starts + [(c.k0, (c.start_state, c.start_stopped)) for c in chunks if c.k0 < at.k0]
+            self.settle()
             self.pm_state = replay(pipe.first, at.k0, (at.start_state, at.start_stopped), earlier, self.one_step,
                                    self.cfg.postmortem, pipe.sinks, state_of=lambda c: c[0])[0]
 
@@ -372,10 +374,18 @@ class RunLoop:
         if asked:
             if self.deferred is not None:
                 self.deferred.acted = True
+            self.settle()
             stop = Terminated(next(iter(asked.values())))
             stop.add_note(f"[jaxlog] every process of the run stopped after step {self.written_step}: "
                           + ", ".join(f"process {p} received signal {s}" for p, s in sorted(asked.items())))
             raise stop
+
+    def settle(self) -> None:
+        """Over several processes: wait for every program dispatched (the chain of chunks and votes
+        ends in ``stopped``), so that no program of the run is still to run when the next
+        collective (a post-mortem replay, the caller's) is dispatched."""
+        if self.vote is not None:
+            jax.block_until_ready(self.stopped)
 
     def drain(self, stop: bool) -> None:
         """After the last dispatch: the chunks still in flight, then what is judged at the end."""
@@ -478,6 +488,7 @@ class RunLoop:
             ran = range(w.start, min(w.stop, self.written_step - 1) + 1)
             window_s = w.trace().step_seconds(ran) if len(ran) else None
         jax.block_until_ready(self.cur)
+        self.settle()
         t_done = time.perf_counter()
         stepping_s = None if self.t_loop is None else t_done - self.t_loop - self.first_call_s
         timings = run_timings(self.tracker, t_done - self.t_start, self.written_step - cfg.start_step, window_s,

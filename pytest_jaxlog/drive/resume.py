@@ -56,10 +56,14 @@ def resume(path: str | os.PathLike, step: Callable, steps: int, *, like: Any = N
                               "the trajectory only; sinks= is not taken")
         found, leaves = prepare_parts(path, from_step, filtered=filtered)
     else:
-        if recorded_processes(Path(path)) > 1:
-            raise JaxlogError(f"{path} was recorded by {recorded_processes(Path(path))} processes; this run has 1: "
-                              f"resume it in as many processes (jax.distributed), each continuing its own part")
-        found = prepare(path, from_step, filtered=filtered)
+        try:
+            found = prepare(path, from_step, filtered=filtered)
+        except JaxlogError:
+            count = recorded_processes(Path(path))  # an index of parts holds no checkpoint of its own
+            if count > 1:
+                raise JaxlogError(f"{path} was recorded by {count} processes; this run has 1: resume it in as many "
+                                  f"processes (jax.distributed), each continuing its own part") from None
+            raise
     point = found.point
     try:
         if steps < point.step:
