@@ -199,7 +199,8 @@ class RunLoop:
         self.open_late = (cfg.end > cfg.start_step or bool(self.first_flags)) and cfg.resume is None
         self.sinks_tried = False  # opening them was attempted (a failed attempt is not made again)
         self.checked_through = cfg.start_step  # the invariants have seen the frames up to here
-        # over several processes: each chunk's vote on stopping (a SIGTERM in any process), by its first step
+        # over several processes: the votes on stopping (a SIGTERM in any process), by the first step of the
+        # chunk each follows
         self.vote = StopVote(self.mesh_rep) if self.layout is not None else None
         self.votes: dict[int, Any] = {}
 
@@ -262,7 +263,9 @@ class RunLoop:
             self.program_bufs = bufs is not None
         self.cur, self.cur_step, self.stopped = out["state"], k0 + length, out["stopped"]
         if self.vote is not None:
-            self.stopped, self.votes[k0] = self.vote.cast(self.stopped, self.deferred.signum if self.deferred else 0)
+            self.stopped, vote = self.vote.cast(self.stopped, n_chunk, self.deferred.signum if self.deferred else 0)
+            if vote is not None:
+                self.votes[k0] = vote
         t1 = now_ns()
         if self.cfg.timeline is not None:
             self.cfg.timeline.slice("dispatch", f"steps {k0}..{k0 + length}", t0, t1, {"k0": k0, "length": length})
