@@ -6,11 +6,11 @@
 Starts 2 processes with ``jax.distributed`` on this machine (gloo CPU collectives), a state of
 oscillators sharded over their 4 devices. In each process, timed after a warm-up:
 
-- ``vote, read one chunk later``: votes alone, chained as the run chains them (each takes the
+- ``vote, read one chunk later``: votes alone, one per "chunk", chained as the run chains them (each takes the
   previous one's ``stopped``), each read after the next one is dispatched, as the run reads them;
 - ``vote, read at once``: a vote dispatched and read at once (the round trip, for scale);
 - ``jl.run``: a run of 10-step chunks of 4096 oscillators (the positions recorded every step
-  into an HDF5 file), per chunk;
+  into an HDF5 file), per chunk, with its votes (about one per ``VOTE_INTERVAL_S``);
 - ``jl.run without votes``: the same run with the votes left out (``StopVote.cast`` replaced
   here by one that dispatches nothing): the difference is what the votes cost the run.
 
@@ -56,7 +56,8 @@ CHILD = textwrap.dedent("""
         s, prev = stopped, None
         t = time.perf_counter()
         for _ in range(n):
-            s, v = vote.cast(s, 0)
+            vote.due = 0  # a vote after every chunk
+            s, v = vote.cast(s, 0, 0)
             if prev is not None:
                 vote.read(prev)
             prev = v
@@ -66,7 +67,8 @@ CHILD = textwrap.dedent("""
     def at_once(n):
         t = time.perf_counter()
         for _ in range(n):
-            vote.read(vote.cast(stopped, 0)[1])
+            vote.due = 0
+            vote.read(vote.cast(stopped, 0, 0)[1])
         return (time.perf_counter() - t) / n
 
     def run(n):
@@ -77,7 +79,7 @@ CHILD = textwrap.dedent("""
     cast = StopVote.cast
 
     def run_without_votes(n):  # the same run, its votes left out (what they cost it, per chunk)
-        StopVote.cast = lambda self, s, signum: (s, None)
+        StopVote.cast = lambda self, s, n_chunk, signum: (s, None)
         try:
             return run(n)
         finally:

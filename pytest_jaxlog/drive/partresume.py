@@ -39,7 +39,7 @@ def recorded_processes(path: Path) -> int:
     return 1 if procs is None else int(procs.get("count", 1))
 
 
-def _parts(path: Path) -> list[Any]:
+def _parts(path: Path, from_step: int | None) -> list[Any]:
     """Every part of the run whose index is ``path``, opened; refused (the same way in every
     process: each reads the same files) unless they are as many as this run's processes."""
     from ..store.trajectory import load
@@ -56,7 +56,7 @@ def _parts(path: Path) -> list[Any]:
     ids = {str((p.description.get(PART_META) or {}).get("run_id")) for p in parts}
     if len(ids) != 1:
         raise JaxlogError(f"{path}: its parts belong to different runs (run ids {sorted(ids)}); refusing to resume")
-    if all(p.status == "complete" and p.stop_reason in (None, "steps", "until") for p in parts):
+    if from_step is None and all(p.status == "complete" and p.stop_reason in (None, "steps", "until") for p in parts):
         raise JaxlogError(f"{path}: the run ended complete at step {parts[me].steps_done}: there is nothing to resume")
     return parts
 
@@ -123,7 +123,7 @@ def prepare_parts(path: str | os.PathLike, from_step: int | None, *,
     part read through a second name) and the state's leaves, global, by path."""
     path = Path(path)
     me = jax.process_index()
-    parts = _parts(path)
+    parts = _parts(path, from_step)
     step = _agreed_step(path, parts, from_step)
     found = [checkpoint_at(part, step) for part in parts]
     problem = _check_part(parts[me], found[me], filtered) if found[me] is not None else f"part {me} lost step {step}"
