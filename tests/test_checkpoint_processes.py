@@ -21,29 +21,16 @@ import numpy as np
 import pytest
 
 import pytest_jaxlog as jl
-from test_sharding import _env, _free_port
+from test_checkpoint import _StopAt
+from test_sharding import MULTI_PRELUDE, _env, _free_port
 
 STEPS = 400  # long enough for a stop voted after SIGTERM (a vote about every 0.1 s) to come before the end
 
-CHILD = textwrap.dedent("""
-    import hashlib, json, os, signal, sys
-    import jax
-    mode, process, port, path = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=process)
-    import jax.numpy as jnp, numpy as np
+CHILD = MULTI_PRELUDE + textwrap.dedent("""
+    import hashlib, signal
     from jax.experimental import multihost_utils
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    import pytest_jaxlog as jl
-    from kernels.oscillators import make_oscillators
 
-    step, state, energy = make_oscillators(n=64)
-    mesh = Mesh(np.array(jax.devices()), ("d",))  # 2 devices here, 2 in the other process
-    sharded = NamedSharding(mesh, P("d"))
-    state = jax.tree_util.tree_map(
-        lambda a: jax.make_array_from_callback(a.shape, sharded, lambda i: np.asarray(a)[i]), state)
-    RECORD = {"energy": energy, "peak": lambda s: jnp.max(jnp.abs(s.x)), "x": lambda s: s.x,
-              "v": jl.Record(lambda s: s.v, every=5)}
+    mode = sys.argv[4]
     KW = dict(chunk=5, record=RECORD, dt=0.01, invariants=[jl.finite("energy")])
     STEPS = %(steps)d
 
@@ -105,7 +92,7 @@ CHILD = textwrap.dedent("""
 
 def _launch(mode: str, path: Path, *extra: str) -> list[subprocess.Popen]:
     port = _free_port()
-    return [subprocess.Popen([sys.executable, "-c", CHILD, mode, str(i), str(port), str(path), *extra], env=_env(2),
+    return [subprocess.Popen([sys.executable, "-c", CHILD, str(i), str(port), str(path), mode, *extra], env=_env(2),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
 
 
@@ -304,15 +291,3 @@ def test_usage_errors_name_their_cause(runs, tmp_path):
                                    "trajectory only; sinks= is not taken")
         assert f"{single} was recorded by 1 process; this run has 2: resume it in 1 process" in o["one process"]
     assert sorted(p.name for p in copy.iterdir()) == ["t.h5", "t.h5.p0", "t.h5.p1"]  # nothing left by the refusals
-
-
-class _StopAt(jl.ProgressLogger):
-    """Ctrl-C once the run has written ``at`` steps."""
-
-    def __init__(self, total, at):
-        super().__init__(total, enabled=False)
-        self.at = at
-
-    def advance(self, step, state=None):
-        if step >= self.at:
-            raise KeyboardInterrupt
