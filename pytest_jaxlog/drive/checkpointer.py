@@ -17,7 +17,7 @@ from .checkpoint import META, CheckpointMeta, copy_attachments, copy_frames, key
 from .checkpoint import NAME as CHECKPOINT
 from .config import RunConfig
 from .pipeline import Pipeline
-from .shardstate import snapshot
+from .shardstate import check_placed, snapshot
 
 __all__ = ["Checkpointer", "resume_into"]
 
@@ -33,6 +33,7 @@ class Checkpointer:
 
     @classmethod
     def of(cls, cfg: RunConfig, pipe: Pipeline, schema: Schema, state: Any, programs: dict | None) -> "Checkpointer":
+        check_placed(state)
         key_data, key_impl = (None, None) if cfg.key is None else key_record(cfg.key)
         template = CheckpointMeta(step=0, step_fn=step_name(cfg.step), key=key_data, key_impl=key_impl,
                                   invariants=[], active=[], violation=None, done=None, systems_done=None,

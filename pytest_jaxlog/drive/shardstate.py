@@ -42,6 +42,14 @@ def _sharding_json(sharding: Any, path: str) -> dict:
     return {"devices": ids.tolist(), "axes": list(sharding.mesh.axis_names), "spec": spec}
 
 
+def check_placed(state: Any) -> None:
+    """Before a run over several processes that checkpoints: every leaf's sharding can be stored
+    (a ``NamedSharding``), or the run is refused naming the leaf, in every process alike."""
+    if jax.process_count() > 1:
+        for path, x in flatten_view("state", state).items():
+            _sharding_json(x.sharding, path)
+
+
 def _blocks_of(x: Any) -> list[Block]:
     """The distinct blocks of a global array, each owned by the lowest process holding it."""
     owners: dict[tuple, int] = {}
