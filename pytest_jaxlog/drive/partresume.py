@@ -23,7 +23,8 @@ import jax
 
 from ..errors import JaxlogError
 from ..store.parts import PART_META, part_name, processes_of
-from .checkpoint import NAME, RESUME_MARK, Checkpoint, Resumable, ResumePoint, _check_no_gap, checkpoint_at, copy_frames
+from .checkpoint import (NAME, RESUME_MARK, Checkpoint, Resumable, ResumePoint, _check_no_gap, checkpoint_at,
+                         copy_frames, recover_interrupted)
 from .consensus import gather
 from .shardstate import BLOCKS, global_state
 
@@ -123,6 +124,10 @@ def prepare_parts(path: str | os.PathLike, from_step: int | None, *,
     part read through a second name) and the state's leaves, global, by path."""
     path = Path(path)
     me = jax.process_index()
+    # what a resume of this process killed mid-way left (its part's second name), undone before any
+    # process reads the parts
+    recover_interrupted(path.with_name(part_name(path.name, me)))
+    gather([0])
     parts = _parts(path, from_step)
     step = _agreed_step(path, parts, from_step)
     found = [checkpoint_at(part, step) for part in parts]
