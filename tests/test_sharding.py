@@ -197,7 +197,8 @@ def test_invariants_on_sharded_records_name_the_global_element_and_system():
 # --------------------------------------------------------------------------------------------
 # two processes, jax.distributed on the CPU
 
-MULTI = textwrap.dedent("""
+# a process of two: its sharded oscillators and records (argv: process, port, path)
+MULTI_PRELUDE = textwrap.dedent("""
     import json, os, sys
     import jax
     process, port, path = int(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -215,6 +216,9 @@ MULTI = textwrap.dedent("""
         lambda a: jax.make_array_from_callback(a.shape, sharded, lambda i: np.asarray(a)[i]), state)
     RECORD = {"energy": energy, "peak": lambda s: jnp.max(jnp.abs(s.x)), "x": lambda s: s.x,
               "v": jl.Record(lambda s: s.v, every=5)}
+""")
+
+MULTI = MULTI_PRELUDE + textwrap.dedent("""
     run = jl.run(step, state, 30, chunk=8, record=RECORD, sinks=[jl.HDF5Writer(path)], dt=0.01,
                  invariants=[jl.finite("energy", "peak")])
     errors = {}

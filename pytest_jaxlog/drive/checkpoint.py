@@ -124,6 +124,9 @@ class ResumePoint:
     step: int
     meta: CheckpointMeta
     run_meta: dict = field(default_factory=dict)  # the run's meta= (traj.meta), kept by the resumed run
+    # a run over several processes: the old run's id, which the resumed one keeps (``source`` is
+    # this process's part), so the index and every part agree at each instant of the resume
+    run_id: str | None = None
 
 
 @dataclass(frozen=True)

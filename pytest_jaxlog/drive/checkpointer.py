@@ -11,11 +11,13 @@ import numpy as np
 
 from ..check.specs import spec_of
 from ..record.frames import Schema
+from ..store.parts import PartsWriter, PartTree
+from ..store.trajectory import load
 from .checkpoint import META, CheckpointMeta, copy_attachments, copy_frames, key_record, state_leaves, step_name
 from .checkpoint import NAME as CHECKPOINT
 from .config import RunConfig
 from .pipeline import Pipeline
-from .resolve import state_key_impls, state_paths
+from .shardstate import check_placed, snapshot
 
 __all__ = ["Checkpointer", "resume_into"]
 
@@ -27,11 +29,11 @@ class Checkpointer:
 
     pipe: Pipeline
     template: CheckpointMeta
-    key_impls: dict[str, str]
     until: bool
 
     @classmethod
     def of(cls, cfg: RunConfig, pipe: Pipeline, schema: Schema, state: Any, programs: dict | None) -> "Checkpointer":
+        check_placed(state)
         key_data, key_impl = (None, None) if cfg.key is None else key_record(cfg.key)
         template = CheckpointMeta(step=0, step_fn=step_name(cfg.step), key=key_data, key_impl=key_impl,
                                   invariants=[], active=[], violation=None, done=None, systems_done=None,
@@ -40,7 +42,7 @@ class Checkpointer:
                                   programs=programs,
                                   checkpoint=None if cfg.checkpoint is None else cfg.checkpoint.to_json(),
                                   invariant_specs=[spec_of(inv) for inv in cfg.invariants])
-        return cls(pipe, template, state_key_impls(state), cfg.until is not None)
+        return cls(pipe, template, cfg.until is not None)
 
     def save(self, step: int, state: Any, stopped: Any, systems_done: np.ndarray | None) -> int:
         """Attach a checkpoint at ``step`` (every frame up to it was handed to the sinks already);
@@ -51,7 +53,11 @@ class Checkpointer:
             violation=saved["violation"],
             done=None if stopped is None or not self.until else (np.asarray(stopped) >= 0).tolist(),
             systems_done=None if systems_done is None else systems_done.tolist())
-        self.pipe.sinks.attach(CHECKPOINT, step, {**state_paths(state), META: meta.encode()}, key_impls=self.key_impls)
+        # over several processes each process attaches its blocks of the state, and its own copy of
+        # the record: a checkpoint counts where every part holds that record (drive.partresume)
+        tree, impls = snapshot(state)
+        tree[META] = meta.encode()  # written last: the checkpoint is complete once it is in the file
+        self.pipe.sinks.attach(CHECKPOINT, step, tree, key_impls=impls)
         return step
 
 
@@ -61,8 +67,14 @@ def resume_into(cfg: RunConfig, pipe: Pipeline, schema: Schema, stopped: np.ndar
     post-mortem states, the invariants' running state; returns where ``until`` had stopped the run
     (each system) there, -1 where it goes on."""
     point = cfg.resume
-    copy_frames(point.source, point.step, schema, pipe.sinks.write)
-    copy_attachments(point.source, point.step, pipe.sinks.attach)
+    if point.run_id is None:
+        copy_frames(point.source, point.step, schema, pipe.sinks.write)
+        copy_attachments(point.source, point.step, pipe.sinks.attach)
+    else:  # over several processes: this process's part, as it is, into its new part
+        parts = [s for s in pipe.sinks.opened if isinstance(s, PartsWriter)]
+        copy_frames(point.source, point.step, load(point.source).schema, parts[0].write_part)
+        copy_attachments(point.source, point.step, lambda name, step, tree, key_impls=None: pipe.sinks.attach(
+            name, step, PartTree(tree), key_impls=key_impls))
     if pipe.watch:
         pipe.watch.restore({"invariants": point.meta.invariants, "active": point.meta.active,
                             "violation": point.meta.violation})

@@ -111,8 +111,11 @@ class Fills:
     """The sets of buffers of one run: the one being filled, those full and not pulled yet."""
 
     def __init__(self, plan: Plan, shapes: tuple[dict, ...], device: Any, budget: int, state_bytes: int,
-                 close_at: Any = None, placement: Any = None, sharded: bool = False):
+                 close_at: Any = None, placement: Any = None, sharded: bool = False, each_chunk: bool = False):
         self.plan, self.shapes, self.device = plan, shapes, device
+        # a set closed after each dispatch, not by time (FEED_INTERVAL_S): over several processes
+        # every process must pull (and stop, and judge) after the same dispatches
+        self.each_chunk = each_chunk
         self.capacity = plan.length
         # a sharded state: a fresh set is made by the program itself (``None``), laid out as XLA
         # places the views, so no buffer ever moves between devices
@@ -156,7 +159,7 @@ class Fills:
         out, self.full = self.full, []
         cur = self.current
         now = time.perf_counter()
-        if cur is not None and (now - self.last_pull >= FEED_INTERVAL_S or len(cur.chunks) >= MAX_WAITING
+        if cur is not None and (self.each_chunk or now - self.last_pull >= FEED_INTERVAL_S or len(cur.chunks) >= MAX_WAITING
                                 or len(cur.chunks) * self.state_bytes >= self.budget):
             self.full.append(cur)
             self.current = None

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import JaxlogError, hide_frame_from_checks
+from ..errors import JaxlogError, Terminated, hide_frame_from_checks
 from ..profiling.timeline import now_ns
 from ..profiling.timings import CompileTracker
 from ..profiling.window import check_windows
@@ -29,6 +29,7 @@ from .checkpoint import check_against
 from .checkpointer import Checkpointer, resume_into
 from .chunks import VIEW_BYTES, Chunk, Fill, Fills, Reader, any_deleted, merge
 from .compiles import run_timings
+from .consensus import StopVote
 from .config import RunConfig
 from .loggers import ProgressLogger, progress_for_run
 from .pipeline import Pipeline, Span
@@ -38,6 +39,7 @@ from .resolution import as_arrays, capacity_of, laid_out, programs_of, resolve_r
 from .result import Run, make_run
 from .scalars import scalars_on
 from .segments import Segment, segments
+from .signals import Deferred
 
 __all__ = ["RunLoop"]
 
@@ -65,6 +67,7 @@ class RunLoop:
     def __init__(self, cfg: RunConfig, tracker: CompileTracker, t_start: float):
         self.cfg, self.tracker, self.t_start = cfg, tracker, t_start
         self.result: Run | None = None
+        self.deferred: Deferred | None = None  # over several processes: SIGTERM noted (set by the run's caller)
 
     def go(self, state: Any) -> Run:
         __tracebackhide__ = hide_frame_from_checks
@@ -145,9 +148,9 @@ class RunLoop:
             meta[runmeta.KEY] = cfg.meta
         self.layout = None  # a run over several processes: who writes which block of each record
         if shards.process_count() > 1:
-            if cfg.checkpoint is not None or cfg.resume is not None:
-                raise JaxlogError("checkpoint= and jl.resume need the whole state on one host; in a run over "
-                                  f"{shards.process_count()} processes no process holds it")
+            if cfg.resume is not None and cfg.resume.run_id is None:
+                raise JaxlogError(f"resume from {cfg.resume.source.name}: the file was written by one process; in a "
+                                  f"run over {shards.process_count()} processes resume a run of as many")
             plan = self.plan
             probe = program.abstract((self.state, None, self.key, program.control(0, 0, 0, 0),
                                       program.empty_counts(plan), self.no_masks, self.stopped, self.consts))
@@ -155,7 +158,8 @@ class RunLoop:
             self.layout.check_invariants(cfg.invariants, self.schema)
             self.layout.check_sinks(self.pipe.sinks.sinks)
             meta["processes"] = {"count": shards.process_count(), "index": jax.process_index(),
-                                 "run_id": shards.shared_run_id(), "layout": self.layout.to_json()}
+                                 "run_id": shards.shared_run_id() if cfg.resume is None else cfg.resume.run_id,
+                                 "layout": self.layout.to_json()}
         return meta
 
     def prepare(self) -> None:
@@ -168,7 +172,8 @@ class RunLoop:
         # the program would compile again for the mix of committed and uncommitted arguments)
         self.fills = Fills(plan, self.shapes, device if self.committed else None, cfg.budget,
                            0 if self.use_donate else self.resolved.state_bytes, close_at=cfg.checkpoint,
-                           placement=leaves[0].sharding if self.committed else None, sharded=self.mesh_rep is not None)
+                           placement=leaves[0].sharding if self.committed else None, sharded=self.mesh_rep is not None,
+                           each_chunk=self.layout is not None)
         self.reader = Reader.of(plan, self.shapes, device.platform if device is not None else jax.default_backend(),
                                 self.layout)
         self.chunk_program: tuple | None = None  # (jitted chunk, plan, its arguments' Signature), for run.compiled_chunk()
@@ -194,6 +199,10 @@ class RunLoop:
         self.open_late = (cfg.end > cfg.start_step or bool(self.first_flags)) and cfg.resume is None
         self.sinks_tried = False  # opening them was attempted (a failed attempt is not made again)
         self.checked_through = cfg.start_step  # the invariants have seen the frames up to here
+        # over several processes: the votes on stopping (a SIGTERM in any process), by the first step of the
+        # chunk each follows
+        self.vote = StopVote(self.mesh_rep) if self.layout is not None else None
+        self.votes: dict[int, Any] = {}
 
     # -- run ----------------------------------------------------------------------------------------
     def open_sinks(self) -> None:
@@ -253,6 +262,10 @@ class RunLoop:
             self.chunk_program = (fn, plan, signature_of(fn, plan, self.resolved, args[1:], [*self.leaves, self.key]))
             self.program_bufs = bufs is not None
         self.cur, self.cur_step, self.stopped = out["state"], k0 + length, out["stopped"]
+        if self.vote is not None:
+            self.stopped, vote = self.vote.cast(self.stopped, n_chunk, self.deferred.signum if self.deferred else 0)
+            if vote is not None:
+                self.votes[k0] = vote
         t1 = now_ns()
         if self.cfg.timeline is not None:
             self.cfg.timeline.slice("dispatch", f"steps {k0}..{k0 + length}", t0, t1, {"k0": k0, "length": length})
@@ -285,14 +298,14 @@ class RunLoop:
         """The post-mortem of the run's first violation, when this batch holds it: replayed from
         the start of the chunk that holds the violating step (or an earlier one)."""
         pipe = self.pipe
-        if new[0] is pipe.first:  # over several processes no one holds the whole state: none is stored
+        if new[0] is pipe.first:  # (over several processes each stores its shards of the states, in its part)
             step = pipe.first.step
             chunks = [c for f in batch for c in f.chunks]
             at = next((c for c in chunks if c.k0 < step <= c.end), chunks[0])
             earlier = self.starts + [(c.k0, (c.start_state, c.start_stopped)) for c in chunks if c.k0 < at.k0]
+            self.settle()
             self.pm_state = replay(pipe.first, at.k0, (at.start_state, at.start_stopped), earlier, self.one_step,
-                                   self.cfg.postmortem if self.layout is None else 0, pipe.sinks,
-                                   state_of=lambda c: c[0])[0]
+                                   self.cfg.postmortem, pipe.sinks, state_of=lambda c: c[0])[0]
 
     def pull(self, batch: list[Fill]) -> list:
         """Pull sets of buffers, feed their frames as one batch; note a stop by ``until``."""
@@ -345,11 +358,37 @@ class RunLoop:
                                                        self.last.out["stopped"], self.systems_done)
             if self.bar is not None:
                 self.bar.advance(self.written_step - cfg.start_step)
+            if self.vote is not None:
+                self.stop_if_asked(group)
             if self.stop_reason == "until":  # the chunks dispatched since ran no step
                 self.fills.drop()
                 self.cur_step = self.written_step
                 return "until"
         return None
+
+    def stop_if_asked(self, group: list[Fill]) -> None:
+        """Over several processes: stop here, in every process alike, when a process was asked to
+        (SIGTERM) before one of these chunks was dispatched; ``fail`` then checkpoints this step."""
+        asked: dict[int, int] = {}
+        for c in (c for f in group for c in f.chunks):
+            vote = self.votes.pop(c.k0, None)
+            if vote is not None:
+                asked.update(self.vote.read(vote) if self.vote is not None else {})
+        if asked:
+            if self.deferred is not None:
+                self.deferred.acted = True
+            self.settle()
+            stop = Terminated(next(iter(asked.values())))
+            stop.add_note(f"[jaxlog] every process of the run stopped after step {self.written_step}: "
+                          + ", ".join(f"process {p} received signal {s}" for p, s in sorted(asked.items())))
+            raise stop
+
+    def settle(self) -> None:
+        """Over several processes: wait for every program dispatched (the chain of chunks and votes
+        ends in ``stopped``), so that no program of the run is still to run when the next
+        collective (a post-mortem replay, the caller's) is dispatched."""
+        if self.vote is not None:
+            jax.block_until_ready(self.stopped)
 
     def drain(self, stop: bool) -> None:
         """After the last dispatch: the chunks still in flight, then what is judged at the end."""
@@ -452,6 +491,7 @@ class RunLoop:
             ran = range(w.start, min(w.stop, self.written_step - 1) + 1)
             window_s = w.trace().step_seconds(ran) if len(ran) else None
         jax.block_until_ready(self.cur)
+        self.settle()
         t_done = time.perf_counter()
         stepping_s = None if self.t_loop is None else t_done - self.t_loop - self.first_call_s
         timings = run_timings(self.tracker, t_done - self.t_start, self.written_step - cfg.start_step, window_s,

@@ -1,11 +1,12 @@
 """The post-mortem of a violation: the full states of the last few steps up to the violating
-one, replayed with the run's own program from a kept chunk-start state and attached to the sinks."""
+one, replayed with the run's own program from a kept chunk-start state and attached to the sinks
+(over several processes each process attaches its shards of them: ``drive.shardstate``)."""
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from .resolve import state_key_impls, state_paths
+from .shardstate import snapshot
 
 
 def replay(violation: Any, k0: int, chunk_state: Any, starts: list, one_step: Callable, n: int, sinks: Any,
@@ -24,12 +25,12 @@ def replay(violation: Any, k0: int, chunk_state: Any, starts: list, one_step: Ca
     keep = set(range(max(k0, target - n + 1), target + 1)) if n > 0 else set()
     snaps = {}
     if k0 in keep:
-        snaps[k0] = state_paths(state_of(st))
+        snaps[k0] = snapshot(state_of(st))
     for k in range(k0, target):
         st = one_step(st, k)
         if k + 1 in keep:
-            snaps[k + 1] = state_paths(state_of(st))
-    impls = state_key_impls(state_of(st))
+            snaps[k + 1] = snapshot(state_of(st))
     for k in sorted(snaps):
-        sinks.attach("postmortem", k, snaps[k], key_impls=impls)
+        tree, impls = snaps[k]
+        sinks.attach("postmortem", k, tree, key_impls=impls)
     return st

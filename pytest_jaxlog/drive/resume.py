@@ -6,11 +6,14 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+import jax
+
 from ..errors import JaxlogError, hide_frame_from_checks
 from ..record.records import normalize_records
 from ..record.schedule import check_count
 from ..store.treedef import beyond_dicts, template
-from .checkpoint import prepare, rebuild_state
+from .checkpoint import RESUME_MARK, prepare, rebuild_state
+from .partresume import prepare_parts, recorded_processes
 from .resume_defaults import from_file
 from .run import Run, resume_run
 
@@ -46,7 +49,21 @@ def resume(path: str | os.PathLike, step: Callable, steps: int, *, like: Any = N
         if taken in kwargs:
             raise JaxlogError(f"resume(): {taken}= comes from the file's checkpoint, not from the caller")
     filtered = frozenset(r.name for r in normalize_records(kwargs.get("record")) if r.when is not None)
-    found = prepare(path, from_step, filtered=filtered)
+    leaves = None  # over several processes: the state's leaves, global, rebuilt from every part's blocks
+    if jax.process_count() > 1:
+        if sinks not in ((), [], None):
+            raise JaxlogError(f"resume({path}): in a run over several processes the resumed run writes its parts of "
+                              "the trajectory only; sinks= is not taken")
+        found, leaves = prepare_parts(path, from_step, filtered=filtered)
+    else:
+        try:
+            found = prepare(path, from_step, filtered=filtered)
+        except JaxlogError:
+            count = recorded_processes(Path(path))  # an index of parts holds no checkpoint of its own
+            if count > 1:
+                raise JaxlogError(f"{path} was recorded by {count} processes; this run has 1: resume it in as many "
+                                  f"processes (jax.distributed), each continuing its own part") from None
+            raise
     point = found.point
     try:
         if steps < point.step:
@@ -57,7 +74,8 @@ def resume(path: str | os.PathLike, step: Callable, steps: int, *, like: Any = N
         if like is None:  # a state of tuples and lists (or one array) comes back without like=
             plain = template(point.meta.treedef)
             like = plain if beyond_dicts(plain) else None
-        state = rebuild_state(found.checkpoint.state, found.checkpoint.key_impls, like, point.meta, where)
+        state = (rebuild_state(found.checkpoint.state, found.checkpoint.key_impls, like, point.meta, where)
+                 if leaves is None else rebuild_state(leaves, {}, like, point.meta, where))
         extra = list(sinks) if isinstance(sinks, (list, tuple)) else [sinks]
         file_sink = HDF5Writer(Path(path), **{"replace_at_checkpoint": point.step, **(writer or {})})
         result = resume_run(step, state, steps - point.step, point, start_step=point.step,
@@ -66,7 +84,8 @@ def resume(path: str | os.PathLike, step: Callable, steps: int, *, like: Any = N
         partial = getattr(exc, "jaxlog_run", None)
         if isinstance(partial, Run):
             partial.resumed_from = point.step
-        if Path(path).exists() and os.path.samefile(path, point.source):
+        own = Path(path) if leaves is None else point.source.with_name(point.source.name[1:].split(RESUME_MARK)[0])
+        if own.exists() and os.path.samefile(own, point.source):
             point.source.unlink()  # refused or failed before the file was replaced: it is as it was
         elif point.source.exists():  # replaced: the old trajectory stays readable under its second name
             exc.add_note(f"[jaxlog] the trajectory as it was before this resume is kept as {point.source}")

@@ -20,13 +20,13 @@ from typing import Any, Callable
 
 from ..errors import hide_frame_from_checks
 from ..profiling.timings import CompileTracker
-from . import program
+from . import program, shards
 from .checkpoint import ResumePoint
 from .config import RunConfig, configure
 from .loop import RunLoop
 from .resolution import DEFAULT_BUDGET, auto_chunk
 from .result import STOP_REASONS, Outcome, Run
-from .signals import sigterm_as_interrupt
+from .signals import Deferred, sigterm_as_interrupt, sigterm_deferred
 
 __all__ = ["run", "Run", "auto_chunk", "run_outcome", "resume_run", "Outcome", "STOP_REASONS"]
 
@@ -122,7 +122,10 @@ def _clock() -> tuple[CompileTracker, float]:
 def _execute(driver: RunLoop, state: Any) -> Run:
     __tracebackhide__ = hide_frame_from_checks
     cfg = driver.cfg
-    with sigterm_as_interrupt(), driver.tracker:
+    # over several processes SIGTERM is noted and the processes stop together (drive.consensus)
+    several = shards.process_count() > 1
+    with sigterm_deferred() if several else sigterm_as_interrupt() as held, driver.tracker:
+        driver.deferred = held if isinstance(held, Deferred) else None
         try:
             return driver.go(state)
         finally:

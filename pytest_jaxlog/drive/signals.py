@@ -38,3 +38,38 @@ def sigterm_as_interrupt() -> Iterator[bool]:
         yield True
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+class Deferred:
+    """SIGTERM noted, not raised: in a run over several processes a process that stopped alone
+    would leave the others waiting in a collective, so the run reads ``signum`` at each chunk
+    and every process stops at the step they agree on (``drive.consensus.StopVote``)."""
+
+    def __init__(self) -> None:
+        self.signum = 0  # the signal that arrived, 0 while none did
+        self.acted = False  # the run stopped for it
+
+    def note(self, signum, frame) -> None:
+        self.signum = signum
+
+
+@contextmanager
+def sigterm_deferred() -> Iterator[Deferred | None]:
+    """Yields the ``Deferred`` SIGTERM is noted in (None off the main thread or over a handler
+    that is neither the default action nor this module's). A SIGTERM noted that the run did not
+    stop for (it came after its last chunk's vote) is raised as ``Terminated`` at the end."""
+    if threading.current_thread() is not threading.main_thread():
+        yield None
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is not signal.SIG_DFL and previous is not _raise_terminated:
+        yield None
+        return
+    deferred = Deferred()
+    signal.signal(signal.SIGTERM, deferred.note)
+    try:
+        yield deferred
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if deferred.signum and not deferred.acted:
+        raise Terminated(deferred.signum)

@@ -7,7 +7,7 @@ from typing import Any
 from ..errors import JaxlogError
 from ..record.frames import Frames, Schema
 from ..store.hdf5 import HDF5Writer
-from ..store.parts import PartsWriter, processes_of
+from ..store.parts import PartsWriter, PartTree, processes_of
 from ..store.sink import Sink, as_sink
 from ..store.sinks import MemorySink
 from ..store.trajectory import Trajectory, load
@@ -65,8 +65,12 @@ class SinkSet:
                 self._through[id(s)] = last  # what this sink holds, if a later one fails
 
     def attach(self, name: str, step: int, tree: dict, *, key_impls: dict | None = None) -> None:
-        """``key_impls``: PRNG impl per path of ``tree`` holding key data (``Sink.attach``)."""
+        """``key_impls``: PRNG impl per path of ``tree`` holding key data (``Sink.attach``). A
+        ``PartTree`` (one process's blocks of a sharded state) goes only to the sinks that keep
+        parts (the others keep whole values)."""
         for s in self.opened:
+            if isinstance(tree, PartTree) and not getattr(s, "takes_shards", False):
+                continue
             s.attach(name, step, tree, key_impls=key_impls)
 
     def close(self, status: str, *, steps_done: int, violation: dict | None = None, summary: dict | None = None,

@@ -36,6 +36,11 @@ PARTS_ATTR = "parts"  # on the index's /jaxlog: the part files and blocks, JSON
 PART_META = "part"  # in a part's meta: {"run_id", "process", "index"}
 
 
+class PartTree(dict):
+    """A snapshot as one process of a run over several stores it in its own part (the blocks of
+    a sharded state it owns, with their description): every process writes its own, as it is."""
+
+
 def part_name(index_name: str, process: int) -> str:
     return f"{index_name}.p{process}"
 
@@ -134,10 +139,17 @@ class PartsWriter(Sink):
                 out.add(entry["leaf"], steps, np.ascontiguousarray(block))
         self.part.write(out)
 
+    def write_part(self, frames: Frames) -> None:
+        """Frames of this process's blocks, by their names in its part (a resumed part's copy of
+        the old one)."""
+        self.part.write(frames)
+
     def attach(self, name: str, step: int, tree: dict, *, key_impls: dict | None = None) -> None:
-        """Snapshots of whole values only (no process holds a sharded state whole): process 0
-        stores those; the driver stores no post-mortem or checkpoint in such runs."""
-        if self.me == 0:
+        """A ``PartTree`` (this process's blocks of a sharded state) goes into this process's part;
+        of any other snapshot, which holds whole values, process 0 stores those."""
+        if isinstance(tree, PartTree):
+            self.part.attach(name, step, dict(tree), key_impls=key_impls)
+        elif self.me == 0:
             whole = {p: v for p, v in tree.items() if not isinstance(v, Shards)}
             self.part.attach(name, step, whole, key_impls=key_impls)
 
