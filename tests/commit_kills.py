@@ -128,7 +128,7 @@ def main(base: Path, kills: int, seed: int, first_op: int = 1) -> dict:
             nexts[kind] = at % counts[kind] + 1
         pid, r = _fork(_writer(path, run, kind, at))
         if timed:
-            time.sleep(rng.uniform(0.0, 0.06))
+            time.sleep(rng.uniform(0.0, 0.03))
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

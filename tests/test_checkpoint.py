@@ -225,8 +225,8 @@ def test_killed_at_random_points_and_resumed_20_times(tmp_path):
             proc.send_signal(sig)
             proc.communicate(timeout=120)
             results.append((path, sig))
-    # each killed file is resumed and compared in a process of its own: a SIGKILL mid-write can leave
-    # HDF5 metadata that the library itself cannot parse (rarely; docs/file-format.md says so)
+    # each killed file is resumed and compared in a process of its own (a crash there must not
+    # take the test down); every flush is a commit, so none may be damaged (store/journal.py)
     outcomes = []
     for path, sig in results:
         r = subprocess.run([sys.executable, "-c", RESUME_CHILD.format(tests=os.path.dirname(__file__)), str(path),
@@ -239,7 +239,7 @@ def test_killed_at_random_points_and_resumed_20_times(tmp_path):
         outcomes.append(outcome)
     resumed, damaged = outcomes.count("resumed"), outcomes.count("damaged") + outcomes.count("crashed")
     assert resumed >= 6, f"only {resumed} of {len(results)} runs were stopped mid-way with a checkpoint: {outcomes}"
-    assert damaged <= 2, f"{damaged} killed files did not open: {outcomes}"
+    assert damaged == 0, f"{damaged} killed files did not open: {outcomes}"
 
 
 def test_the_cli_lists_checkpoints_and_a_timeline_without_window_gives_steps_per_s(tmp_path):

@@ -41,13 +41,14 @@ def _campaign(tmp_path, runs: int, first_op: int = 1, without_journal: bool = Fa
 
 
 def test_a_thousand_kills_at_flushes_checkpoints_swaps_and_closes_lose_nothing_acknowledged(tmp_path):
-    out = _campaign(tmp_path, 1030)
+    out = _campaign(tmp_path, 1100)
     assert out["failed"] == 0, out["failures"]
-    assert out["kills"] >= 1000 and out["checked"] == 1030
+    assert out["kills"] >= 1000 and out["checked"] == 1100
     where = out["where"]
-    for place in ("fresh/open", "fresh/flush", "fresh/checkpoint", "fresh/close", "fresh/timed",
-                  "swap/open", "swap/flush", "swap/swap-checkpoint", "swap/close", "swap/timed"):
-        assert where.get(place, 0) >= 10, (place, where)
+    for place in ("fresh/open", "fresh/flush", "fresh/checkpoint", "fresh/timed",
+                  "swap/open", "swap/flush", "swap/swap-checkpoint", "swap/timed"):
+        assert where.get(place, 0) >= 20, (place, where)
+    assert where.get("fresh/close", 0) >= 5 and where.get("swap/close", 0) >= 5, where  # a close is a few calls
     # every system call of both scenarios was a kill point (the calls are cycled through in order)
     assert sum(v for k, v in where.items() if not k.endswith("timed")) >= sum(out["ops"].values())
 
