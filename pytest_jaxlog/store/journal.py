@@ -511,7 +511,11 @@ class CommittedFile:
         for p in sorted(self.pages):
             start = p * PAGE
             stop = min(start + PAGE, self.committed)
-            entries.append(Entry(start, self.disk.pread(self.fd, stop - start, start)))
+            old = self.disk.pread(self.fd, stop - start, start)
+            if old == self.pages[p][:stop - start]:  # rewritten with the same bytes (the committed rows
+                del self.pages[p]                     # of a partly filled chunk): nothing to replace
+                continue
+            entries.append(Entry(start, old))
         if self.size < self.committed:
             entries.append(Entry(self.size, self.disk.pread(self.fd, self.committed - self.size, self.size)))
         try:
