@@ -390,6 +390,7 @@ class CommittedFile:
         self.committed = self.size if in_place else 0
         self.cut = self.committed  # committed bytes from here on read as zeros (truncated since the commit)
         self.pages: dict[int, bytearray] = {}
+        self.originals: dict[int, bytes] = {}  # the committed bytes of each page (what the journal keeps)
         self.pos = 0
         self.journal = Journal(target, fd, durable=durable, disk=disk)
         self.discarding = False
@@ -454,18 +455,6 @@ class CommittedFile:
             raise
 
     # -- pages --------------------------------------------------------------------------------
-    def _page(self, p: int) -> bytearray:
-        page = self.pages.get(p)
-        if page is None:
-            start = p * PAGE
-            page = bytearray(PAGE)
-            have = self.disk.pread(self.fd, min(PAGE, self.committed - start), start)
-            page[:len(have)] = have
-            if self.cut < start + PAGE:
-                page[max(0, self.cut - start):] = bytes(PAGE - max(0, self.cut - start))
-            self.pages[p] = page
-        return page
-
     def _write(self, offset: int, data: memoryview) -> None:
         if self.discarding:
             return
@@ -473,12 +462,27 @@ class CommittedFile:
         if end > self.committed:  # new bytes: straight to the file
             at = max(offset, self.committed)
             self.disk.pwrite(self.fd, data[at - offset:], at)
-        at = offset
-        while at < min(end, self.committed):  # committed bytes: into pages until the commit
-            p, within = divmod(at, PAGE)
-            n = min(PAGE - within, min(end, self.committed) - at)
-            self._page(p)[within:within + n] = data[at - offset:at - offset + n]
-            at += n
+        stop = min(end, self.committed)
+        if offset < stop:  # committed bytes: into pages until the commit
+            lo = offset // PAGE * PAGE
+            hi = min(((stop - 1) // PAGE + 1) * PAGE, self.committed)
+            have = self.disk.pread(self.fd, hi - lo, lo)  # one call for the whole span
+            for p in range(lo // PAGE, (hi - 1) // PAGE + 1):
+                start = p * PAGE
+                a, b = max(offset, start), min(stop, start + PAGE)
+                new = data[a - offset:b - offset]
+                page = self.pages.get(p)
+                if page is None:
+                    if b <= self.cut and have[a - lo:b - lo] == bytes(new):
+                        continue  # the committed bytes written again (a partly filled chunk's rows): no page
+                    original = have[start - lo:min(start + PAGE, hi) - lo]
+                    page = bytearray(PAGE)
+                    page[:len(original)] = original
+                    if self.cut < start + PAGE:
+                        page[max(0, self.cut - start):] = bytes(PAGE - max(0, self.cut - start))
+                    self.originals[p] = original
+                    self.pages[p] = page
+                page[a - start:b - start] = new
         self.size = max(self.size, end)
 
     def _read(self, offset: int, n: int) -> bytes:
@@ -511,7 +515,7 @@ class CommittedFile:
         for p in sorted(self.pages):
             start = p * PAGE
             stop = min(start + PAGE, self.committed)
-            old = self.disk.pread(self.fd, stop - start, start)
+            old = self.originals[p]
             if old == self.pages[p][:stop - start]:  # rewritten with the same bytes (the committed rows
                 del self.pages[p]                     # of a partly filled chunk): nothing to replace
                 continue
@@ -535,6 +539,7 @@ class CommittedFile:
                 self.journal.unlock()
         self.committed = self.cut = self.size if self.in_place else 0
         self.pages.clear()
+        self.originals.clear()
         self.commits += 1
 
     def now_in_place(self) -> None:
@@ -547,6 +552,7 @@ class CommittedFile:
         dirty metadata on close, which must neither fail nor reach the file)."""
         self.discarding = True
         self.pages.clear()
+        self.originals.clear()
 
     def close(self) -> None:
         """After HDF5 closed the file (its last flush committed everything)."""
