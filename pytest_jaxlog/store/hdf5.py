@@ -659,8 +659,9 @@ class HDF5Writer(Sink):
                 self.stats["reserve_misses"] += 1
             self._space.forget()
             if self.replace_at_checkpoint is None:
-                durable_replace(tmp, self.path, durable=self.durable)
-                self._cf.now_in_place()
+                self._cf.sync()
+                durable_replace(tmp, self.path, durable=False)  # the directory is synced by the first commit
+                self._cf.now_in_place(directory_synced=False)
             else:
                 self._swap = PendingSwap(tmp, self.path, self.replace_at_checkpoint, durable=self.durable)
             self._file, self._state = f, "open"
@@ -958,8 +959,10 @@ class HDF5Writer(Sink):
         self._check_end(bound)
         if name == "checkpoint":
             self._flush()
-            if self._swap is not None and self._swap.checkpoint_written(step):
-                self._cf.now_in_place()
+            if self._swap is not None and self._swap.due(step):
+                self._cf.sync()  # its bytes on the disk before it takes the path
+                self._swap.checkpoint_written(step)
+                self._cf.now_in_place(directory_synced=True)
 
     def _flush(self) -> None:
         f = self._file

@@ -394,6 +394,8 @@ class CommittedFile:
         self.pos = 0
         self.journal = Journal(target, fd, durable=durable, disk=disk)
         self.discarding = False
+        self.changed = False  # written or truncated since the last commit (else a commit has nothing to do)
+        self.directory_unsynced = False  # renamed to its path, the directory not synced since
         self.error: BaseException | None = None  # what a commit raised (HDF5 reports only that it failed)
         self.commits = 0
 
@@ -435,6 +437,7 @@ class CommittedFile:
         size = self.pos if size is None else int(size)
         if self.discarding:
             return size
+        self.changed = self.changed or size != self.size
         self.size = size
         if size >= self.committed:
             self.disk.ftruncate(self.fd, size)  # HDF5's end of allocation: cuts a reserved tail, as its own driver does
@@ -484,6 +487,7 @@ class CommittedFile:
                     self.pages[p] = page
                 page[a - start:b - start] = new
         self.size = max(self.size, end)
+        self.changed = True
 
     def _read(self, offset: int, n: int) -> bytes:
         out = bytearray(n)
@@ -508,8 +512,9 @@ class CommittedFile:
 
     # -- commits ------------------------------------------------------------------------------
     def commit(self) -> None:
-        """Make the file as HDF5 has it now the committed state (see the module's docstring)."""
-        if self.discarding:
+        """Make the file as HDF5 has it now the committed state (see the module's docstring). A
+        file not in place yet is only synced before it takes its path (``sync``)."""
+        if self.discarding or not self.changed:
             return
         entries = []
         for p in sorted(self.pages):
@@ -524,14 +529,20 @@ class CommittedFile:
             entries.append(Entry(self.size, self.disk.pread(self.fd, self.committed - self.size, self.size)))
         try:
             if entries:
+                fresh = self.journal.fd is None
                 self.journal.hot(self.committed, entries)
+                if fresh and self.durable:  # the journal's new name synced with the directory: the rename too
+                    self.directory_unsynced = False
             for p in sorted(self.pages):
                 start = p * PAGE
                 self.disk.pwrite(self.fd, memoryview(self.pages[p])[:min(PAGE, self.committed - start)], start)
             if self.size < self.committed:
                 self.disk.ftruncate(self.fd, self.size)
-            if self.durable:
+            if self.durable and self.in_place:
                 self.disk.fsync(self.fd)
+                if self.directory_unsynced:
+                    sync_directory(self.target, self.disk)
+                    self.directory_unsynced = False
             if entries:
                 self.journal.clean()
         finally:
@@ -540,12 +551,22 @@ class CommittedFile:
         self.committed = self.cut = self.size if self.in_place else 0
         self.pages.clear()
         self.originals.clear()
+        self.changed = False
         self.commits += 1
 
-    def now_in_place(self) -> None:
-        """The file was just committed and renamed to its path: from now on commits are journaled."""
+    def sync(self) -> None:
+        """The bytes written so far on the disk (before the file takes its path: a power loss
+        after the rename then finds it whole)."""
+        if self.durable:
+            self.disk.fsync(self.fd)
+
+    def now_in_place(self, *, directory_synced: bool) -> None:
+        """The file was just committed and renamed to its path: from now on commits are journaled
+        (and the first syncs the directory, unless the rename did: the rename is then durable
+        before the first frame is acknowledged, for one sync less per file)."""
         self.in_place = True
         self.committed = self.cut = self.size
+        self.directory_unsynced = not directory_synced
 
     def discard(self) -> None:
         """Write nothing more: the file keeps its last commit (a write failed; HDF5 may retry its

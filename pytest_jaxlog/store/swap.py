@@ -29,6 +29,10 @@ class PendingSwap:
     durable: bool = True  # the rename survives a power loss (the directory is synced after it)
     done: bool = False
 
+    def due(self, step: int) -> bool:
+        """Whether a checkpoint at ``step`` makes the file take the path."""
+        return not self.done and step >= self.at
+
     def checkpoint_written(self, step: int) -> bool:
         """A checkpoint at ``step`` was written and flushed: the file takes the path if it is due
         (returns whether it did, now)."""
