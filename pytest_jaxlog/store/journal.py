@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..errors import WriterError
+from .space import NO_SPACE, NoSpace
 
 try:
     import fcntl
@@ -204,24 +205,33 @@ def _open_journal_read(path: Path) -> int | None:
     return fd
 
 
-def read_state(target: Path, disk: Disk | None = None) -> JournalState | None:
-    """The journal of ``target`` when it is whole and checks out; None otherwise (absent, torn by a
-    kill while it was written, or not one of ours): then the file's committed bytes were never
-    touched by a commit in progress."""
-    disk = _disk(disk)
+def _read_journal(target: Path, disk: Disk, *, whole: bool) -> tuple[Header, bytes, bytes] | None:
+    """The journal's header (``whole``: with its payload, and the header read again after it),
+    or None where there is none of ours."""
     fd = _open_journal_read(journal_path(target))
     if fd is None:
         return None
     try:
-        header = _parse_header(disk.pread(fd, _HEADER.size, 0))
-        if header is None:
-            return None
+        raw = disk.pread(fd, _HEADER.size, 0)
+        header = _parse_header(raw)
+        if header is None or not whole:
+            return None if header is None else (header, b"", raw)
         payload = disk.pread(fd, header.payload, _HEADER.size) if header.payload else b""
-        raw = disk.pread(fd, _HEADER.size, 0)  # the header again: unchanged while the payload was read
+        return header, payload, disk.pread(fd, _HEADER.size, 0)  # unchanged while the payload was read
     except OSError:
         return None
     finally:
         os.close(fd)
+
+
+def read_state(target: Path, disk: Disk | None = None) -> JournalState | None:
+    """The journal of ``target`` when it is whole and checks out; None otherwise (absent, torn by a
+    kill while it was written, or not one of ours): then the file's committed bytes were never
+    touched by a commit in progress."""
+    read = _read_journal(target, _disk(disk), whole=True)
+    if read is None:
+        return None
+    header, payload, raw = read
     if len(payload) != header.payload or _header_bytes(header, payload) != raw[:_HEADER.size]:
         return None
     entries, at = [], 0
@@ -272,17 +282,8 @@ def reading(target: Path):
 
 def generation(target: Path, disk: Disk | None = None) -> int | None:
     """What a reader compares before and after a read: it changes whenever a commit starts."""
-    disk = _disk(disk)
-    fd = _open_journal_read(journal_path(target))
-    if fd is None:
-        return None
-    try:
-        header = _parse_header(disk.pread(fd, _HEADER.size, 0))
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return None if header is None else header.generation
+    read = _read_journal(target, _disk(disk), whole=False)
+    return None if read is None else read[0].generation
 
 
 class Journal:
@@ -339,6 +340,10 @@ class Journal:
                 os.posix_fallocate(self.fd, 0, max(need, 2 * self.allocated, 64 << 10))
                 self.allocated = max(need, 2 * self.allocated, 64 << 10)
             except OSError as exc:
+                if exc.errno in NO_SPACE:
+                    raise NoSpace(f"no room for the journal of a commit of {self.path.name.removeprefix('.')[:-len(JOURNAL_SUFFIX)]}"
+                                  f" ({need} bytes, beside it): {os.strerror(exc.errno)}; the file keeps its last "
+                                  f"commit") from None
                 if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)):
                     raise
         self.disk.pwrite(self.fd, payload, _HEADER.size)  # the payload first: a whole header means a whole journal
@@ -373,7 +378,38 @@ class Journal:
             pass  # gone already, or cannot go: a clean journal left behind restores nothing either
 
 
-class CommittedFile:
+class _FileObject:
+    """What h5py's ``fileobj`` driver calls to read: a position, seeks from the start, the
+    position or the end (``size``), and reads of ``n`` bytes (``_read``) that move it."""
+
+    pos: int
+    size: int
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.pos = offset if whence == 0 else self.pos + offset if whence == 1 else self.size + offset
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        if n < 0:
+            n = max(0, self.size - self.pos)
+        out = self._read(self.pos, n)
+        self.pos += n
+        return out
+
+    def _read(self, offset: int, n: int) -> bytes:
+        raise NotImplementedError
+
+
+class CommittedFile(_FileObject):
     """The file object HDF5 writes through (see the module's docstring).
 
     ``in_place=False``: a file not at its path yet (made beside it, renamed once whole), which
@@ -399,29 +435,10 @@ class CommittedFile:
         self.error: BaseException | None = None  # what a commit raised (HDF5 reports only that it failed)
         self.commits = 0
 
-    # -- the file protocol h5py's fileobj driver calls ---------------------------------------
-    def seek(self, offset: int, whence: int = 0) -> int:
-        self.pos = offset if whence == 0 else self.pos + offset if whence == 1 else self.size + offset
-        return self.pos
-
-    def tell(self) -> int:
-        return self.pos
-
-    def seekable(self) -> bool:
-        return True
-
-    def readable(self) -> bool:
-        return True
-
+    # -- the rest of the file protocol h5py's fileobj driver calls -----------------------------
     def writable(self) -> bool:
         return True
 
-    def read(self, n: int = -1) -> bytes:
-        if n < 0:
-            n = max(0, self.size - self.pos)
-        out = self._read(self.pos, n)
-        self.pos += n
-        return out
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         n = len(data)
@@ -611,7 +628,7 @@ def recover(target: Path, disk: Disk | None = None) -> bool:
     return rolled
 
 
-class CommittedView:
+class CommittedView(_FileObject):
     """A read-only file object: the file as of the commit a hot journal restores, read through it
     (the file is not changed: a reader never writes)."""
 
@@ -622,29 +639,14 @@ class CommittedView:
         self.entries = sorted(state.entries)
         self.pos = 0
 
-    def seek(self, offset: int, whence: int = 0) -> int:
-        self.pos = offset if whence == 0 else self.pos + offset if whence == 1 else self.size + offset
-        return self.pos
-
-    def tell(self) -> int:
-        return self.pos
-
-    def seekable(self) -> bool:
-        return True
-
-    def readable(self) -> bool:
-        return True
-
     def flush(self) -> None:
         """Nothing to write: a reader's view."""
 
     def truncate(self, size: int | None = None) -> int:
         raise OSError(errno.EROFS, "a committed view is read-only")
 
-    def read(self, n: int = -1) -> bytes:
-        if n < 0:
-            n = max(0, self.size - self.pos)
-        offset, end = self.pos, self.pos + n
+    def _read(self, offset: int, n: int) -> bytes:
+        end = offset + n
         out = bytearray(n)
         have = self.disk.pread(self.fd, min(n, max(0, self.size - offset)), offset) if offset < self.size else b""
         out[:len(have)] = have
@@ -652,7 +654,6 @@ class CommittedView:
             lo, hi = max(offset, e.offset), min(end, e.offset + len(e.data))
             if lo < hi:
                 out[lo - offset:hi - offset] = e.data[lo - e.offset:hi - e.offset]
-        self.pos = end
         return bytes(out)
 
     def close(self) -> None:

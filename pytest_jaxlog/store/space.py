@@ -19,7 +19,7 @@ from typing import Callable, NamedTuple
 
 from ..errors import WriterError
 
-_NO_SPACE = (errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC))
+NO_SPACE = (errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC))
 _HEADROOM = 1 << 20  # reserve this much beyond the need (fewer fallocate calls), when the room allows
 
 
@@ -66,7 +66,7 @@ class SpaceReserve:
             try:
                 os.posix_fallocate(self.fd, self.reserved, size - self.reserved)
             except OSError as exc:
-                if exc.errno in _NO_SPACE:
+                if exc.errno in NO_SPACE:
                     if size == need:
                         raise NoSpace(f"no room to write {what} to {self.name}: {os.strerror(exc.errno)} "
                                       f"(the file needs about {need} bytes)") from None
