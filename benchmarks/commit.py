@@ -97,7 +97,8 @@ def main() -> None:
     if not journaled:
         del variants["HDF5Writer durable=False"]
     times: dict[str, list[float]] = {k: [] for k in variants}
-    with tempfile.TemporaryDirectory(dir=os.environ.get("JAXLOG_BENCH_DIR")) as tmp:
+    where = os.environ.get("JAXLOG_BENCH_DIR") or tempfile.gettempdir()  # the file system measured
+    with tempfile.TemporaryDirectory(dir=where) as tmp:
         for r in range(args.repeats + 1):
             order = list(variants) if r % 2 == 0 else list(reversed(variants))
             for k in order:
@@ -111,7 +112,7 @@ def main() -> None:
     mb = args.batches * args.per_batch * width * 8 / 2**20
     print(f"pytest_jaxlog from {args.root}{'' if journaled else ' (no journal)'}")
     print(f"{args.batches} batches of {args.per_batch} frames of {args.frame_kb} KiB ({mb:.1f} MiB), a flush after "
-          f"each; {args.repeats} interleaved repeats; file system of {tempfile.gettempdir() if not os.environ.get('JAXLOG_BENCH_DIR') else os.environ['JAXLOG_BENCH_DIR']}")
+          f"each; {args.repeats} interleaved repeats; files in {where}")
     print(f"{'variant':28s} {'median s':>9s} {'vs h5py':>8s} {'(min-max)':>14s}")
     for k, ts in times.items():
         rel = [a / b for a, b in zip(ts, times["h5py"])]

@@ -57,21 +57,35 @@ class CheckpointMeta:
     invariant_specs: list | None = None  # check.specs.spec_of of each invariant (None: code, not stored)
 
     def encode(self) -> np.ndarray:
-        return np.frombuffer(json.dumps(asdict(self)).encode(), dtype=np.uint8).copy()
+        return json_array(asdict(self))
 
     @classmethod
     def decode(cls, raw: np.ndarray, where: str) -> "CheckpointMeta":
+        what = f"the checkpoint's {META} entry"
+        data = array_json(raw, where, what)
         try:
-            data = json.loads(bytes(np.asarray(raw, dtype=np.uint8)).decode())
             meta = cls(**data)
-        except (ValueError, TypeError, UnicodeDecodeError, RecursionError) as e:
-            raise JaxlogError(f"{where}: the checkpoint's {META} entry is not valid ({type(e).__name__}: {e})") from None
+        except TypeError as e:
+            raise JaxlogError(f"{where}: {what} is not valid ({type(e).__name__}: {e})") from None
         wrong = [f"{name} is {type(getattr(meta, name)).__name__}" for name, kinds in _META_TYPES.items()
                  if not isinstance(getattr(meta, name), kinds) or isinstance(getattr(meta, name), bool) and
                  bool not in kinds]
         if wrong:
             raise JaxlogError(f"{where}: the checkpoint's {META} entry is not valid ({', '.join(wrong)})")
         return meta
+
+
+def json_array(data: Any) -> np.ndarray:
+    """JSON as a uint8 array: how a snapshot (a checkpoint, a sharded state) stores a record of itself."""
+    return np.frombuffer(json.dumps(data).encode(), dtype=np.uint8).copy()
+
+
+def array_json(raw: Any, where: str, what: str) -> Any:
+    """The JSON ``json_array`` stored; anything else is one JaxlogError naming ``what``."""
+    try:
+        return json.loads(bytes(np.asarray(raw, dtype=np.uint8)).decode())
+    except (ValueError, TypeError, UnicodeDecodeError, RecursionError) as e:
+        raise JaxlogError(f"{where}: {what} is not valid ({type(e).__name__}: {e})") from None
 
 
 # the JSON types of CheckpointMeta's fields (what a file says is checked before it is used)

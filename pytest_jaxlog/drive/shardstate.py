@@ -11,7 +11,6 @@ sharding the state had: every process gets back exactly the shards it had.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import jax
@@ -20,6 +19,7 @@ import numpy as np
 from ..errors import JaxlogError
 from ..record.frames import Block
 from ..store.parts import PartTree
+from .checkpoint import array_json, json_array
 from .resolve import flatten_view, state_key_impls, state_paths
 from .shards import _norm
 
@@ -77,19 +77,8 @@ def snapshot(state: Any) -> tuple[dict, dict[str, str]]:
             i = mine.pop(_norm(shard.index, tuple(x.shape)), None)
             if i is not None:
                 tree[block_name(path, i)] = np.array(shard.data)
-    tree[BLOCKS] = encode_json({"count": jax.process_count(), "process": me, "leaves": leaves})
+    tree[BLOCKS] = json_array({"count": jax.process_count(), "process": me, "leaves": leaves})
     return tree, {}
-
-
-def encode_json(data: Any) -> np.ndarray:
-    return np.frombuffer(json.dumps(data).encode(), dtype=np.uint8).copy()
-
-
-def decode_json(raw: Any, where: str) -> Any:
-    try:
-        return json.loads(bytes(np.asarray(raw, dtype=np.uint8)).decode())
-    except (ValueError, TypeError, UnicodeDecodeError, RecursionError) as e:
-        raise JaxlogError(f"{where}: its {BLOCKS} entry is not valid ({type(e).__name__}: {e})") from None
 
 
 def _sharding(data: dict, where: str) -> Any:
@@ -132,7 +121,7 @@ def global_leaf(path: str, info: dict, parts: list[dict], where: str) -> Any:
 def global_state(parts: list[dict], where: str) -> dict[str, Any]:
     """The state's leaves as global arrays, by path (``"state/<key path>"``), from every part's
     snapshot arrays; the parts must describe one layout."""
-    described = [decode_json(p.get(BLOCKS), f"{where}, part {i}") if BLOCKS in p else None
+    described = [array_json(p.get(BLOCKS), f"{where}, part {i}", f"its {BLOCKS} entry") if BLOCKS in p else None
                  for i, p in enumerate(parts)]
     if any(d is None for d in described):
         missing = [i for i, d in enumerate(described) if d is None]

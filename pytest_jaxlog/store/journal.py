@@ -433,7 +433,6 @@ class CommittedFile(_FileObject):
         self.changed = False  # written or truncated since the last commit (else a commit has nothing to do)
         self.directory_unsynced = False  # renamed to its path, the directory not synced since
         self.error: BaseException | None = None  # what a commit raised (HDF5 reports only that it failed)
-        self.commits = 0
 
     # -- the rest of the file protocol h5py's fileobj driver calls -----------------------------
     def writable(self) -> bool:
@@ -569,7 +568,6 @@ class CommittedFile(_FileObject):
         self.pages.clear()
         self.originals.clear()
         self.changed = False
-        self.commits += 1
 
     def sync(self) -> None:
         """The bytes written so far on the disk (before the file takes its path: a power loss
@@ -630,7 +628,7 @@ def recover(target: Path, disk: Disk | None = None) -> bool:
 
 class CommittedView(_FileObject):
     """A read-only file object: the file as of the commit a hot journal restores, read through it
-    (the file is not changed: a reader never writes)."""
+    (the file is not changed: a reader never writes). ``fd`` stays the caller's to close."""
 
     def __init__(self, fd: int, state: JournalState, disk: Disk | None = None):
         self.fd = fd
@@ -655,6 +653,3 @@ class CommittedView(_FileObject):
             if lo < hi:
                 out[lo - offset:hi - offset] = e.data[lo - e.offset:hi - e.offset]
         return bytes(out)
-
-    def close(self) -> None:
-        os.close(self.fd)

@@ -33,14 +33,11 @@ class PendingSwap:
         """Whether a checkpoint at ``step`` makes the file take the path."""
         return not self.done and step >= self.at
 
-    def checkpoint_written(self, step: int) -> bool:
-        """A checkpoint at ``step`` was written and flushed: the file takes the path if it is due
-        (returns whether it did, now)."""
-        if not self.done and step >= self.at:
+    def checkpoint_written(self, step: int) -> None:
+        """A checkpoint at ``step`` was written and flushed: the file takes the path if it is due."""
+        if self.due(step):
             durable_replace(self.where, self.path, durable=self.durable)
             self.where, self.done = self.path, True
-            return True
-        return False
 
     def abandon(self) -> None:
         """The writer closed without a due checkpoint: its file goes, the path keeps what it had."""
