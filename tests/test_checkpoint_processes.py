@@ -22,7 +22,7 @@ import pytest
 
 import pytest_jaxlog as jl
 from test_checkpoint import _StopAt
-from test_sharding import MULTI_PRELUDE, _env, _free_port
+from test_sharding import MULTI_PRELUDE, _env, _free_port, _result
 
 STEPS = 400  # long enough for a stop voted after SIGTERM (a vote about every 0.1 s) to come before the end
 
@@ -118,7 +118,7 @@ def _two(mode: str, path: Path, *extra: str) -> list[dict]:
     shown = f"{mode}: " + "\n".join(f"process {i} (exit {p.returncode}):\n{out[-2000:]}\n{err[-4000:]}"
                       for i, (p, (out, err)) in enumerate(zip(procs, ends)))
     assert all(p.returncode == 0 for p in procs), shown
-    return [json.loads(out.strip().splitlines()[-1]) for out, _ in ends]
+    return [_result(out) for out, _ in ends]
 
 
 def _killed(path: Path) -> list[int]:
@@ -293,3 +293,16 @@ def test_usage_errors_name_their_cause(runs, tmp_path):
                                    "trajectory only; sinks= is not taken")
         assert f"{single} was recorded by 1 process; this run has 2: resume it in 1 process" in o["one process"]
     assert sorted(p.name for p in copy.iterdir()) == ["t.h5", "t.h5.p0", "t.h5.p1"]  # nothing left by the refusals
+
+
+def test_a_resume_reads_only_the_checkpoints_it_needs(runs):
+    """Newest first: the newest checkpoint both parts hold whole is read once from each part, the
+    older ones not at all (a resume of a long run with large states reads one state, not all)."""
+    from pytest_jaxlog.drive.partresume import _Checkpoints
+
+    d = runs["dir"] / "full"
+    checkpoints = _Checkpoints([jl.load(d / f"t.h5.p{i}") for i in range(2)])
+    assert checkpoints.named() == list(range(STEPS, 0, -10))
+    assert checkpoints.whole(STEPS) and checkpoints.whole(STEPS)
+    assert sorted(checkpoints._read) == [(0, STEPS), (1, STEPS)]
+    assert checkpoints.at(1, STEPS).state.keys() >= {"state/x@2", "state/v@3", "jaxlog_blocks"}

@@ -244,6 +244,14 @@ REFERENCE = """
 """
 
 
+def _result(out: str) -> dict:
+    """A child's JSON result: its last line that is a JSON object. gloo's C++ side writes to the
+    same stdout (``[Gloo] Rank 0 is connected ...``), at times after the child's own last line."""
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    assert lines, f"no JSON result in the child's output:\n{out[-3000:]}"
+    return json.loads(lines[-1])
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -263,7 +271,7 @@ def _two_processes(path: Path) -> list[dict]:
                 q.kill()
             raise
         assert p.returncode == 0, out[-3000:] + err[-5000:]
-        outs.append(json.loads(out.strip().splitlines()[-1]))
+        outs.append(_result(out))
     return outs
 
 

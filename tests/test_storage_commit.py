@@ -19,6 +19,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 
@@ -122,6 +123,41 @@ def test_each_commit_is_synced_unless_durable_is_off(tmp_path, monkeypatch):
         flush_syncs = sum(op.endswith("sync") for op in counter.ops) - before
         assert (flush_syncs >= 2) == syncs, (durable, counter.ops)
         assert check_file(tmp_path / f"{durable}.h5", None) is None
+
+
+
+class _NamingDisk(journal.Disk):
+    """Names what each sync and rename touched, in order."""
+
+    def __init__(self):
+        self.ops: list[str] = []
+
+    def fsync(self, fd):
+        target = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        self.ops.append(f"sync {'dir' if target.is_dir() else target.name}")
+        super().fsync(fd)
+
+    def rename(self, src, dst):
+        self.ops.append(f"rename {Path(src).name.split('.index-')[0]}.index -> {Path(dst).name}")
+        super().rename(src, dst)
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names a file descriptor's file through /proc")
+@pytest.mark.parametrize("durable", [True, False])
+def test_the_index_of_a_run_over_several_processes_is_synced_before_and_after_its_rename(tmp_path, monkeypatch,
+                                                                                       durable):
+    from pytest_jaxlog.store.parts import PartsWriter
+
+    disk = _NamingDisk()
+    monkeypatch.setattr(journal, "SYSTEM", disk)
+    w = PartsWriter(jl.HDF5Writer(tmp_path / "t.h5", flush_every_s=1e9, durable=durable))
+    w.open(SCHEMA, {"provenance": {}, "run": {"processes": {"count": 2, "index": 0, "run_id": "r"}}})
+    renamed = disk.ops.index("rename .t.h5.index -> t.h5")
+    synced_before = [op for op in disk.ops[:renamed] if op.startswith("sync .t.h5.index-")]
+    assert (len(synced_before) == 1 and disk.ops[renamed + 1] == "sync dir") == durable, disk.ops
+    with h5py.File(tmp_path / "t.h5", "r") as f:  # the index in place, naming both parts
+        assert json.loads(f["jaxlog"].attrs["parts"])["files"] == ["t.h5.p0", "t.h5.p1"]
+    w.close()
 
 
 LIVE_WRITER = """

@@ -3,13 +3,13 @@
 A checkpoint of such a run is complete only where every part holds it (each process attached
 its blocks of the state and, last, its copy of the checkpoint's record) and the frames up to it
 read in every part: one process killed while the others went on leaves checkpoints that only
-some parts hold, and those are not used. Every process reads every part's checkpoints (all see
-the same files: nothing is written before the processes agree), checks its own part's frames,
-and the processes agree (``drive.consensus.gather``) on the newest checkpoint all of them can
-continue from. Each then rebuilds the global state from the blocks its devices held
-(``drive.shardstate``) and continues its part into a new file that replaces the old part once it
-holds that checkpoint; the resumed run keeps the old run's id, so the index and every part
-agree at each instant of the resume.
+some parts hold, and those are not used. Every process reads the parts' checkpoints newest
+first, each only as far as it needs (all see the same files: nothing is written before the
+processes agree), checks its own part's frames, and the processes agree
+(``drive.consensus.gather``) on the newest checkpoint all of them can continue from. Each then
+rebuilds the global state from the blocks its devices held (``drive.shardstate``) and continues
+its part into a new file that replaces the old part once it holds that checkpoint; the resumed
+run keeps the old run's id, so the index and every part agree at each instant of the resume.
 """
 
 from __future__ import annotations
@@ -62,13 +62,30 @@ def _parts(path: Path, from_step: int | None) -> list[Any]:
     return parts
 
 
-def _complete_steps(parts: list[Any]) -> list[int]:
-    """The checkpoint steps every part holds whole (its blocks and its record), newest first."""
-    common = None
-    for part in parts:
-        have = {s for s in part.attachment_steps(NAME) if checkpoint_at(part, s) is not None}
-        common = have if common is None else common & have
-    return sorted(common or (), reverse=True)
+class _Checkpoints:
+    """The parts' checkpoints, each read at most once and only when asked for: a resume reads the
+    newest checkpoint every part holds whole, not every checkpoint of every part."""
+
+    def __init__(self, parts: list[Any]):
+        self.parts = parts
+        self._read: dict[tuple[int, int], Checkpoint | None] = {}
+
+    def named(self) -> list[int]:
+        """The checkpoint steps every part names (its attachments; whole or not), newest first."""
+        common = None
+        for part in self.parts:
+            have = set(part.attachment_steps(NAME))
+            common = have if common is None else common & have
+        return sorted(common or (), reverse=True)
+
+    def at(self, i: int, step: int) -> Checkpoint | None:
+        if (i, step) not in self._read:
+            self._read[i, step] = checkpoint_at(self.parts[i], step)
+        return self._read[i, step]
+
+    def whole(self, step: int) -> bool:
+        """Every part holds its checkpoint at ``step`` whole (its blocks and its record)."""
+        return all(self.at(i, step) is not None for i in range(len(self.parts)))
 
 
 def _frames_read(part: Any, step: int) -> bool:
@@ -79,28 +96,32 @@ def _frames_read(part: Any, step: int) -> bool:
         return False
 
 
-def _agreed_step(path: Path, parts: list[Any], from_step: int | None) -> int:
-    """The newest checkpoint every part holds and every process's own part reads up to."""
+def _agreed_step(path: Path, checkpoints: _Checkpoints, from_step: int | None) -> int:
+    """The newest checkpoint every part holds whole and every process's own part reads up to.
+    Wholeness is the same in every process (each reads the same files); whether a part's frames
+    read up to a step only its own process asks, so the processes agree step by step."""
     me = jax.process_index()
-    steps = _complete_steps(parts)
+    steps = checkpoints.named()
     if from_step is not None:
-        if int(from_step) not in steps:
+        if int(from_step) not in steps or not checkpoints.whole(int(from_step)):
             raise JaxlogError(f"{path} has no checkpoint at step {from_step} that every part holds (checkpoints "
-                              f"every part holds: {sorted(steps)})")
+                              f"every part holds: {sorted(s for s in steps if checkpoints.whole(s))})")
         steps = [int(from_step)]
     seen = gather([len(steps), zlib.crc32(repr(steps).encode())])
     if len({tuple(row) for row in seen}) != 1:
         raise JaxlogError(f"{path}: the processes read different checkpoints from the parts (changed while read?)")
     pos = 0
-    while True:  # each round: the oldest of every process's newest checkpoint its part reads up to, from pos on
-        mine = next((i for i in range(pos, len(steps)) if _frames_read(parts[me], steps[i])), len(steps))
+    while True:  # each round: the oldest of every process's newest usable checkpoint, from pos on
+        mine = next((i for i in range(pos, len(steps))
+                     if checkpoints.whole(steps[i]) and _frames_read(checkpoints.parts[me], steps[i])), len(steps))
         picks = gather([mine])[:, 0]
         pos = int(picks.max())
         if pos == len(steps) or int(picks.min()) == pos:
             break
     if pos >= len(steps):
+        whole = sorted(s for s in steps if checkpoints.whole(s))
         raise JaxlogError(f"{path} holds no checkpoint that every part holds with its frames intact, nothing to resume "
-                          f"from (run with checkpoint=jl.every(n); checkpoints every part holds: {sorted(steps)})")
+                          f"from (run with checkpoint=jl.every(n); checkpoints every part holds: {whole})")
     return steps[pos]
 
 
@@ -129,8 +150,9 @@ def prepare_parts(path: str | os.PathLike, from_step: int | None, *,
     recover_interrupted(path.with_name(part_name(path.name, me)))
     gather([0])
     parts = _parts(path, from_step)
-    step = _agreed_step(path, parts, from_step)
-    found = [checkpoint_at(part, step) for part in parts]
+    checkpoints = _Checkpoints(parts)
+    step = _agreed_step(path, checkpoints, from_step)
+    found = [checkpoints.at(i, step) for i in range(len(parts))]
     problem = _check_part(parts[me], found[me], filtered) if found[me] is not None else f"part {me} lost step {step}"
     refused = gather([problem is not None])[:, 0]
     if refused.any():

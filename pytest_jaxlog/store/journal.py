@@ -124,6 +124,17 @@ def _disk(disk: Disk | None) -> Disk:
     return SYSTEM if disk is None else disk
 
 
+def sync_file(path: Path, disk: Disk | None = None) -> None:
+    """Sync a file written whole by another library (h5py's own driver) before it is renamed into
+    place, so the new name never points at bytes still in the page cache."""
+    disk = _disk(disk)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        disk.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def sync_directory(path: Path, disk: Disk | None = None) -> None:
     """Make a rename or a new name in ``path``'s directory survive a power loss (best effort: some
     file systems cannot open a directory)."""

@@ -29,6 +29,7 @@ from ..errors import JaxlogError
 from ..record.frames import FORMAT_VERSION, Block, Frames, Schema, Shards
 from .format import CRC_ATTR, CRC_COVERS, LIBVER, attr_text, json_crc32, json_text
 from .hdf5 import HDF5Writer
+from .journal import durable_replace, sync_file
 from .selection import row_numbers, select_frames
 from .sink import Sink
 
@@ -182,7 +183,8 @@ class PartsWriter(Sink):
     # -- the index ------------------------------------------------------------------------------
     def _write_index(self) -> None:
         """The index, written beside the path and renamed over it: a reader sees the old one or
-        the new one, never half of one."""
+        the new one, never half of one, and after a power loss too when the writer is durable
+        (its bytes synced before the rename, the new name after it)."""
         from .. import __version__
 
         tmp = self.path.with_name(f".{self.path.name}.index-{os.getpid()}-{secrets.token_hex(4)}")
@@ -201,7 +203,9 @@ class PartsWriter(Sink):
                 for key, text in texts.items():
                     jl.attrs[key] = attr_text(text)
                 jl.attrs[CRC_ATTR] = np.uint32(json_crc32({k: texts.get(k) for k in CRC_COVERS}))
-            os.replace(tmp, self.path)
+            if self.writer.durable:
+                sync_file(tmp)
+            durable_replace(tmp, self.path, durable=self.writer.durable)
         except BaseException:
             try:
                 if not tmp.is_symlink():
