@@ -157,6 +157,11 @@ def test_meta_is_listed_in_the_manifest_entry_of_the_run(pytester):
 def test_meta(jaxlog):
     jaxlog.run(rotate, STATE, 6, record={"energy": energy}, meta={"config": {"dt": 0.01}, "note": "plain"})
     jaxlog.run(rotate, STATE, 4, record={"energy": energy}, name="bare")
+    with jaxlog.recorder({"energy": energy}, name="loop", meta={"loop": "by hand"}) as rec:
+        s = STATE
+        for k in range(3):
+            rec.log(s, k)
+            s = rotate(s)
 """)
     result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly", "--jaxlog-keep=all",
                                 "--jaxlog-dir=out/jaxlog")
@@ -167,7 +172,29 @@ def test_meta(jaxlog):
     runs = {r["name"]: r for r in test["runs"]}
     assert runs["trajectory"]["meta"] == {"config": {"dt": 0.01}, "note": "plain"}
     assert runs["bare"]["meta"] == {}
+    assert runs["loop"]["meta"] == {"loop": "by hand"}
     assert jl.load(base / test["artifacts"]["trajectory"]).meta == {"config": {"dt": 0.01}, "note": "plain"}
+
+
+def test_a_recorder_and_from_arrays_keep_meta_as_a_run_does(tmp_path):
+    with jl.Recorder({"x": lambda s: s["x"]}, sinks=[jl.HDF5Writer(tmp_path / "r.h5")], meta=META) as rec:
+        s = S0
+        for k in range(4):
+            rec.log(s, k)
+            s = walk(s)
+    assert rec.meta == META and rec.trajectory.meta == META
+    loaded = jl.load(tmp_path / "r.h5")
+    assert loaded.meta == META and loaded.description["run"]["driver"] == "recorder" and len(loaded["x"]) == 4
+    arrays = jl.from_arrays({"e": np.arange(5.0)}, sinks=[jl.HDF5Writer(tmp_path / "a.h5")],
+                            meta={"n": np.int64(5), "pair": (1, "a")})
+    assert arrays.meta == {"n": 5, "pair": [1, "a"]} == jl.load(tmp_path / "a.h5").meta
+    assert jl.from_arrays({"e": np.arange(2.0)}).meta == {} == jl.Recorder({"x": lambda s: s["x"]}).meta
+    # refused where given, naming the key, before anything is written
+    with pytest.raises(jl.JaxlogError, match=r"meta= 'cfg/w' is a ndarray, not JSON"):
+        jl.Recorder({"x": lambda s: s["x"]}, sinks=[jl.HDF5Writer(tmp_path / "bad.h5")], meta={"cfg": {"w": np.ones(2)}})
+    with pytest.raises(jl.JaxlogError, match=r"meta= 'tags' is a set, not JSON"):
+        jl.from_arrays({"e": np.arange(2.0)}, sinks=[jl.HDF5Writer(tmp_path / "bad.h5")], meta={"tags": {"a"}})
+    assert not (tmp_path / "bad.h5").exists()
 
 
 def test_a_typed_scalar_from_jax_is_a_number():

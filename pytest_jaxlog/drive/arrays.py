@@ -17,6 +17,7 @@ import jax
 import numpy as np
 
 from ..errors import JaxlogError
+from ..record import runmeta
 from ..record.frames import Frames, Schema
 from ..record.numbers import check_dt
 from ..record.records import check_name
@@ -43,6 +44,7 @@ class ArraysRun:
     timings: Any = None
     chunk: int | None = None
     systems_done: np.ndarray | None = None
+    meta: dict = field(default_factory=dict)  # meta=: the run's JSON metadata, as the file keeps it
     _pipe: Any = field(default=None, repr=False)
     _trajectory: Any = field(default=None, repr=False)
 
@@ -58,7 +60,8 @@ class ArraysRun:
 
 
 def from_arrays(records: Mapping[str, Any], *, steps: Any = None, time: Any = None, invariants: Any = (),
-                sinks: Any = (), batched: bool | int = False, on_violation: str = "raise") -> ArraysRun:
+                sinks: Any = (), batched: bool | int = False, on_violation: str = "raise",
+                meta: dict | None = None) -> ArraysRun:
     """Check and store ``records`` (``{name: pytree of arrays}``, each leaf with a leading frame
     axis) as a run's trajectory: the invariants see them as a run's frames (a violation names
     the first bad step and system), the sinks write the same file. ``steps``: the step number of
@@ -66,7 +69,9 @@ def from_arrays(records: Mapping[str, Any], *, steps: Any = None, time: Any = No
     step × dt (so it must be of that form: ``SaveAt(ts=jnp.linspace(...))`` is; without
     ``steps``, they are the times over their spacing). ``batched``: the axis after the frames is
     the system axis. ``on_violation``: ``"raise"`` (the file ends at the bad step), ``"warn"``,
-    ``"record"``, as for ``jl.run``."""
+    ``"record"``, as for ``jl.run``. ``meta={...}``: the run's metadata as JSON, as for ``jl.run``
+    (read back as ``traj.meta`` and ``result.meta``)."""
+    meta = {} if meta is None else runmeta.check_meta(meta)
     trees = _trees(records)
     n_frames = _frame_count(trees, steps, time)
     steps, dt = _steps_and_dt(n_frames, steps, time)
@@ -84,7 +89,10 @@ def from_arrays(records: Mapping[str, Any], *, steps: Any = None, time: Any = No
             frames.add(path, steps, value)
     schema = Schema(tuple(leaves), batched=n_sys is not None, dt=check_dt(dt))
     pipe = Pipeline(sinks=sinks, invariants=invariants, on_violation=on_violation)
-    pipe.open(schema, {"driver": "from_arrays", "frames": n_frames, "batched": n_sys is not None, "dt": dt})
+    described = {"driver": "from_arrays", "frames": n_frames, "batched": n_sys is not None, "dt": dt}
+    if meta:
+        described[runmeta.KEY] = meta
+    pipe.open(schema, described)
     try:
         new = pipe.feed(frames, f"frames {int(steps[0]) if n_frames else 0}..{int(steps[-1]) if n_frames else 0}")
         if not (new and on_violation == "raise"):
@@ -101,7 +109,7 @@ def from_arrays(records: Mapping[str, Any], *, steps: Any = None, time: Any = No
     pipe.close("violated" if violation is not None else "complete", steps_done=done,
                summary={"stop_reason": reason, "systems_done": None})
     result = ArraysRun(done, violation, dict(pipe.artifacts), schema, "violated" if violation is not None else "complete",
-                       reason, _pipe=pipe)
+                       reason, meta=meta, _pipe=pipe)
     if violation is not None:
         violation.jaxlog_run = result
         if on_violation == "raise":

@@ -22,6 +22,7 @@ from ..logs import unheard, unheard_count
 from ..profiling.timeline import now_ns
 from ..profiling.timings import CompileTracker
 from ..record.frames import Frames, Schema
+from ..record import runmeta
 from ..record.records import AUX, LOG, normalize_records
 from ..record.numbers import check_dt
 from ..record.schedule import Every, check_count
@@ -63,6 +64,9 @@ class Recorder:
     fixed then). A ``jl.log`` traced during the ``with`` block with nothing collecting it (a step
     jitted as it is) would be lost: a ``JaxlogRuntimeWarning`` says so, once.
 
+    ``meta={...}``: the run's metadata as JSON, as for ``jl.run`` (kept in the file, read back as
+    ``traj.meta`` and ``rec.meta``, listed in the pytest manifest).
+
     Memory: each record's device buffer holds ``flush_every`` frames, or as many as fit in
     ``buffer_bytes`` (64 MiB) when fewer; a full buffer flushes early. So a large ``flush_every``
     (fewer host syncs) never allocates ``flush_every`` frames of a big or sparse record up front.
@@ -70,7 +74,8 @@ class Recorder:
 
     def __init__(self, record: Any = None, *, sinks: Any = (), invariants: Any = (), flush_every: int = 100,
                  dt: float | None = None, batched: bool = False, on_violation: str = "raise", timeline: Any = None,
-                 buffer_bytes: int = BUFFER_BYTES, log_capacity: int | None = None):
+                 buffer_bytes: int = BUFFER_BYTES, log_capacity: int | None = None, meta: dict | None = None):
+        self.meta = {} if meta is None else runmeta.check_meta(meta)
         self.flush_every = check_count(flush_every, "flush_every", minimum=1)
         self.buffer_bytes = check_count(buffer_bytes, "buffer_bytes", minimum=1)
         self.specs = tuple(Lane(s.name, s.schedule, view=s.view, when=_state_predicate(s.name, s.when))
@@ -306,8 +311,11 @@ class Recorder:
 
     def _open(self, schema: Schema, *, logged: bool = True) -> None:
         self.schema = schema
-        self._pipe.open(schema, {"driver": "recorder", "steps": None, "chunk": self.flush_every, "dt": self.dt,
-                                 "batched": self.batched, "flush_every": self.flush_every}, bind=logged)
+        described = {"driver": "recorder", "steps": None, "chunk": self.flush_every, "dt": self.dt,
+                     "batched": self.batched, "flush_every": self.flush_every}
+        if self.meta:
+            described[runmeta.KEY] = self.meta
+        self._pipe.open(schema, described, bind=logged)
 
     def _frames(self) -> tuple[Frames, list[int]]:
         """The buffered rows as frames, and which buffers they came from. Nothing is cleared
