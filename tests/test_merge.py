@@ -138,3 +138,28 @@ def test_merge_refuses_what_it_cannot_join(tmp_path, capsys):
     assert main(["merge", str(a), str(b), "-o", str(tmp_path / "m")]) == 2
     assert "is not a jaxlog manifest" in capsys.readouterr().err
     assert not (tmp_path / "m").exists()
+
+
+def test_stale_entries_give_way_to_the_shard_that_ran_the_test(pytester):
+    """A shard's folder restored from an earlier run carries entries of tests it did not run
+    again: a test another shard ran is listed once, as that shard ran it; a test no shard ran,
+    once, as its newest carried entry."""
+    for name, text in TESTS.items():
+        pytester.makepyfile(**{name[:-3]: text})
+    base = ["-p", "no:cacheprovider", "-p", "no:randomly", "-p", "no:xdist"]
+    pytester.runpytest(*base, "--jaxlog-dir=s1", "test_a.py", "test_b.py", "test_c.py").assert_outcomes(passed=3,
+                                                                                                       failed=1)
+    pytester.runpytest(*base, "--jaxlog-dir=s1", "test_a.py").assert_outcomes(passed=1)  # b and c carried stale
+    pytester.runpytest(*base, "--jaxlog-dir=s2", "test_b.py").assert_outcomes(failed=1)
+    s1 = json.loads((pytester.path / "s1" / "manifest.json").read_text())
+    assert {t["nodeid"] for t in s1["tests"] if t.get("stale")} == {"test_b.py::test_b", "test_c.py::test_c_jaxlog"}
+    older = json.loads(json.dumps(s1))  # a third shard carrying the same tests from an older session
+    for t in older["tests"]:
+        t.update(stale=True, session="2000-01-01T00:00:00Z-000000", outcome="skipped")
+    (pytester.path / "s3").mkdir()
+    (pytester.path / "s3" / "manifest.json").write_text(json.dumps(older))
+    assert main(["merge", "s3", "s1", "s2", "-o", "m"]) == 0
+    merged = json.loads((pytester.path / "m" / "manifest.json").read_text())
+    entries = [(t["nodeid"], t["shard"], bool(t.get("stale")), t["outcome"]) for t in merged["tests"]]
+    assert entries == [("test_a.py::test_a", 1, False, "passed"), ("test_b.py::test_b", 2, False, "failed"),
+                       ("test_c.py::test_c_jaxlog", 1, True, "passed")]

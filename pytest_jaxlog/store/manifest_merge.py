@@ -6,7 +6,10 @@ The merge is an ordinary manifest (``jaxlog summary`` and anything else reading 
 it unchanged): every path in it is rewritten to be relative to the merge's own directory, so the
 shards' files stay where they are and are found from there. Each test entry says which shard it
 came from (``shard``: its position in ``shards``); a test that ran in several shards is listed
-once per shard. Pure JSON and paths: no trajectory is opened.
+once per shard. A shard's ``.jaxlog/`` restored from an earlier run carries entries of tests it
+did not run again (``stale``): those of a test another shard ran are left out, and of a test no
+shard ran only the newest is kept, so each test is listed as its latest evidence says. Pure JSON
+and paths: no trajectory is opened.
 """
 
 from __future__ import annotations
@@ -62,6 +65,19 @@ def _rebased_entry(entry: dict, move: Callable[[Any], Any], shard: int) -> dict:
     return e
 
 
+def _latest_per_test(tests: list[dict]) -> list[dict]:
+    """The entries of tests a shard ran (each shard's), and of each test no shard ran the newest
+    stale entry (sessions are named by their start time, so the greatest name is the newest)."""
+    ran = {t.get("nodeid") for t in tests if not t.get("stale")}
+    newest: dict[Any, dict] = {}
+    for t in tests:
+        if t.get("stale") and t.get("nodeid") not in ran:
+            held = newest.get(t.get("nodeid"))
+            if held is None or str(t.get("session") or "") >= str(held.get("session") or ""):
+                newest[t.get("nodeid")] = t
+    return [t for t in tests if not t.get("stale")] + list(newest.values())
+
+
 def merge(roots: list[str | os.PathLike], out: str | os.PathLike) -> Path:
     """Write ``out/manifest.json`` joining the manifests of ``roots`` (directories or files), in
     that order; returns its path. The shards must share the manifest's format version."""
@@ -94,7 +110,7 @@ def merge(roots: list[str | os.PathLike], out: str | os.PathLike) -> Path:
         exitstatus=next((s for s in statuses if s not in (0, None)), 0),  # the first shard that did not pass
         rootdir=_rebase(first.get("rootdir"), files[0].parent, out),
         golden_dir=_rebase(first.get("golden_dir"), files[0].parent, out),
-        tests=sorted(tests, key=lambda t: (str(t.get("nodeid")), t["shard"])),
+        tests=sorted(_latest_per_test(tests), key=lambda t: (str(t.get("nodeid")), t["shard"])),
         stale=stale,
         shards=shards,
     )
