@@ -44,3 +44,37 @@ def test_steps_and_positive_numbers():
     for bad in (0, -1.0, float("inf"), float("nan"), True, "2"):
         with pytest.raises(jl.JaxlogError, match=r"r must be a finite number > 0"):
             positive(bad, "r")
+
+
+def test_a_time_that_overflows_is_one_error_naming_the_record_and_step_and_keeps_the_frames_before(tmp_path):
+    """A finite but huge ``dt`` times a step is inf: refused before any sink gets that frame,
+    every frame before it written (the run's file, a Recorder's), an earlier violation first."""
+    import warnings
+
+    import jax.numpy as jnp
+
+    def step(s):
+        return s + 1.0
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow warning: the check does not compute the inf
+        with pytest.raises(jl.JaxlogError, match=r"record 'x', step 2: its time, step × dt = 2 × 1e\+308, overflows a "
+                                                 r"float64, which a trajectory file cannot hold \(give a smaller dt\)"):
+            jl.run(step, jnp.zeros(2), 6, record={"x": lambda s: s}, dt=1e308, sinks=[jl.HDF5Writer(tmp_path / "t.h5")],
+                   progress=False)
+    traj = jl.load(tmp_path / "t.h5")
+    assert traj.status == "failed" and traj.steps("x").tolist() == [0, 1] and traj["x"][:, 0].tolist() == [0.0, 1.0]
+    assert traj.time("x").tolist() == [0.0, 1e308]
+    # an invariant broken before that step stops the run there, as it would without the overflow
+    with pytest.raises(jl.InvariantViolation) as e:
+        jl.run(step, jnp.zeros(2), 6, record={"x": lambda s: s}, dt=1e308, invariants=[jl.bounded("x", hi=0.5)],
+               progress=False)
+    assert e.value.step == 1
+    # a Recorder: the same error from its flush, the frames before kept
+    with pytest.raises(jl.JaxlogError, match=r"record 'x', step 3: its time"):
+        with jl.Recorder({"x": lambda s: s}, sinks=[jl.HDF5Writer(tmp_path / "r.h5")], dt=0.6e308, flush_every=2) as rec:
+            s = jnp.zeros(2)
+            for k in range(6):
+                rec.log(s, k)
+                s = step(s)
+    assert jl.load(tmp_path / "r.h5").steps("x").tolist() == [0, 1, 2]

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..check.invariants import as_list, check_on_violation, warn_violation
 from ..profiling.timeline import now_ns
-from ..record.frames import Frames, Schema, Shards
+from ..record.frames import Frames, Schema, Shards, TimeOverflow
 from ..store.provenance import provenance
 from .sinkset import SinkSet
 from .watch import Watch
@@ -93,6 +93,14 @@ class Pipeline:
         """Check, write (up to the violating step with ``on_violation="raise"``) and put on the
         timeline one batch of frames. ``span`` or per-path ``times`` place the counter values."""
         t0 = now_ns()
+        if self.schema is not None:
+            try:
+                frames.check_times(self.schema.dt)
+            except TimeOverflow as exc:  # the frames before it are checked and written: it loses no data
+                new = self.feed(frames.until(exc.step - 1), label, span=span, times=times, check=check)
+                if new and self.on_violation == "raise":
+                    return new  # an earlier violation stops the run first
+                raise
         new = self.watch.check(frames) if (check and self.watch) else []
         written = self.watch.frames_to_write(frames, new) if new else frames
         self.sinks.write(written)

@@ -9,6 +9,7 @@ blocks of it this process writes, with the layout of all of them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -22,6 +23,14 @@ from ..record.schedule import Schedule, schedule_from_json
 FORMAT_VERSION = 1
 MAX_RANK = 32  # numpy's limit on dimensions: a frame has fewer than this
 MAX_SIZE = 2**40  # per dimension, what a file may say (a reader allocating from it stays sane)
+
+
+class TimeOverflow(JaxlogError):
+    """A frame's time (step × dt) that a float64 cannot hold; ``step``: the first such step."""
+
+    def __init__(self, message: str, *, step: int):
+        super().__init__(message)
+        self.step = step
 
 
 @dataclass(frozen=True)
@@ -211,6 +220,24 @@ class Frames:
     def last_step(self) -> int | None:
         ends = [int(s[-1]) for s in self.steps.values() if len(s)]
         return max(ends) if ends else None
+
+    def check_times(self, dt: float | None) -> None:
+        """Every frame's time (step × dt, a float64) finite, checked before any sink gets the
+        batch: a huge ``dt`` would otherwise store ``inf`` times with nothing but a warning.
+        :class:`TimeOverflow` names the first step (over all records) whose time does not fit."""
+        if not dt:
+            return
+        first: tuple[int, str] | None = None
+        for path, steps in self.steps.items():  # steps only grow: the last one bounds a record's times
+            if len(steps) and not math.isfinite(float(steps[-1]) * dt):
+                with np.errstate(over="ignore"):
+                    step = int(steps[~np.isfinite(steps.astype(np.float64) * dt)][0])
+                if first is None or step < first[0]:
+                    first = (step, path)
+        if first is not None:
+            step, path = first
+            raise TimeOverflow(f"record {path!r}, step {step}: its time, step × dt = {step} × {dt!r}, overflows a "
+                               f"float64, which a trajectory file cannot hold (give a smaller dt)", step=step)
 
     def until(self, step: int) -> "Frames":
         """The frames at steps <= ``step`` (what a sink keeps when a violation stops the run)."""
