@@ -21,8 +21,8 @@ from ..errors import JaxlogError, JaxlogRuntimeWarning, hide_frame_from_checks
 from ..logs import unheard, unheard_count
 from ..profiling.timeline import now_ns
 from ..profiling.timings import CompileTracker
-from ..record.frames import Frames, Schema
 from ..record import runmeta
+from ..record.frames import Frames, Schema
 from ..record.records import AUX, LOG, normalize_records
 from ..record.numbers import check_dt
 from ..record.schedule import Every, check_count

@@ -227,17 +227,17 @@ class Frames:
         :class:`TimeOverflow` names the first step (over all records) whose time does not fit."""
         if not dt:
             return
-        first: tuple[int, str] | None = None
+        first_step, first_path = None, ""
         for path, steps in self.steps.items():  # steps only grow: the last one bounds a record's times
             if len(steps) and not math.isfinite(float(steps[-1]) * dt):
                 with np.errstate(over="ignore"):
                     step = int(steps[~np.isfinite(steps.astype(np.float64) * dt)][0])
-                if first is None or step < first[0]:
-                    first = (step, path)
-        if first is not None:
-            step, path = first
-            raise TimeOverflow(f"record {path!r}, step {step}: its time, step × dt = {step} × {dt!r}, overflows a "
-                               f"float64, which a trajectory file cannot hold (give a smaller dt)", step=step)
+                if first_step is None or step < first_step:
+                    first_step, first_path = step, path
+        if first_step is not None:
+            raise TimeOverflow(f"record {first_path!r}, step {first_step}: its time, step × dt = {first_step} × {dt!r}, "
+                               f"overflows a float64, which a trajectory file cannot hold (give a smaller dt)",
+                               step=first_step)
 
     def until(self, step: int) -> "Frames":
         """The frames at steps <= ``step`` (what a sink keeps when a violation stops the run)."""
