@@ -116,7 +116,7 @@ def main() -> None:
             out, err = p.communicate(timeout=600)
             if p.returncode:
                 sys.exit(err[-3000:])
-            got = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])  # gloo writes to stdout too
+            got = json.JSONDecoder().raw_decode(out, out.rfind('{"process"'))[0]  # gloo writes to stdout too
             cells = ", ".join(f"{k} {v:.0f} us" for k, v in got["us_per_chunk"].items())
             print(f"process {got['process']}: per chunk: {cells}")
 

@@ -245,11 +245,11 @@ REFERENCE = """
 
 
 def _result(out: str) -> dict:
-    """A child's JSON result: its last line that is a JSON object. gloo's C++ side writes to the
-    same stdout (``[Gloo] Rank 0 is connected ...``), at times after the child's own last line."""
-    lines = [line for line in out.splitlines() if line.startswith("{")]
-    assert lines, f"no JSON result in the child's output:\n{out[-3000:]}"
-    return json.loads(lines[-1])
+    """A child's JSON result (``{"process": ...}``, its last): gloo's C++ side writes to the same
+    stdout (``[Gloo] Rank 0 is connected ...``), at times on the same line, before or after it."""
+    at = out.rfind('{"process"')
+    assert at >= 0, f"no JSON result in the child's output:\n{out[-3000:]}"
+    return json.JSONDecoder().raw_decode(out, at)[0]
 
 
 def _free_port() -> int:
