@@ -51,6 +51,7 @@ Workloads ("standard": total and kinetic energy every step, positions every 10 s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -103,6 +104,8 @@ class Row:
         lo, hi = min(self.values), max(self.values)
         if self.unit == "x":
             return f"{self.median:.2f}x ({lo:.2f}–{hi:.2f})"
+        if self.unit == "copies":
+            return f"{self.median:.2f} {self.unit} ({lo:.2f}–{hi:.2f})"
         return f"{self.median:.0f} {self.unit} ({lo:.0f}–{hi:.0f})"
 
     def verdict(self, judged: bool) -> str:
@@ -266,7 +269,8 @@ def _chunk_program_loop(step, state, record, steps: int, per_dispatch: int = 1, 
                     timeline=None, donate=False)
     resolved = resolution.resolve_run(cfg, state)
     plan, shapes = resolved.plan, resolved.shapes
-    plan = resolution.laid_out(plan, resolution.capacity_of(cfg, resolved.schema), shapes, pack=True)
+    plan = resolution.laid_out(plan, resolution.capacity_of(cfg, resolved.schema), shapes, pack=True,
+                               block=program.block_for(jax.default_backend()))
     per_dispatch = min(per_dispatch, plan.length)
     bufs = [program.buffers(plan, shapes)]
     kept = scalars_on(None, False)  # the dispatch's scalars kept on the device, as the driver keeps them
@@ -588,6 +592,103 @@ def section_accelerator(args, rows: list[Row], files: Files) -> None:
                         ratios(times, "jl.run + window", "scan + records")))
 
 
+BLOCKS = (1, 8, 32, 128)  # the plain loop (a runtime trip count per step), then blocks of a trip count XLA knows
+
+
+@contextlib.contextmanager
+def loop_block(block: int):
+    """``JAXLOG_BLOCK`` set for the runs inside (read when a run lays out its program)."""
+    old = os.environ.get("JAXLOG_BLOCK")
+    os.environ["JAXLOG_BLOCK"] = str(block)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("JAXLOG_BLOCK", None)
+        else:
+            os.environ["JAXLOG_BLOCK"] = old
+
+
+def host_copies(step, state, record, steps: int, block: int, tmp: Path) -> tuple[float, int]:
+    """Device-to-host copies per step in a profiler trace of a whole run at ``block`` slots a
+    block, and the run's masked steps (``None`` copies where the trace has no device track: the
+    CPU)."""
+    d = Path(tempfile.mkdtemp(dir=tmp))
+    with loop_block(block):
+        jl.run(step, state, steps, record=record, progress=False)  # compiled outside the trace
+        with jax.profiler.trace(str(d)):
+            run = jl.run(step, state, steps, record=record, progress=False)
+    trace = jl.load_trace(d)
+    device = [s for s in trace.all_slices if s.track.startswith("/device:")]
+    copies = sum(1 for s in device if "MemcpyD2H" in s.name)
+    return (copies / steps if device else float("nan")), run.timings.masked_steps
+
+
+def loop_shapes(step, steps: int, block: int) -> dict[str, Callable]:
+    """The same ``steps`` steps in four loops of plain JAX, each jitted with the trip count a
+    runtime argument where the loop has one: a scan (the reference), a while loop of one step an
+    iteration, and a while loop over blocks of ``block`` slots (a trip count XLA knows), the slots
+    past the end masked by a select or skipped by a cond."""
+    def masked(skip: bool):
+        @jax.jit
+        def run(s, n):
+            def slot(_, c):
+                j, st = c
+                live = j < n
+                if skip:
+                    return j + live.astype(jnp.int32), lax.cond(live, step, lambda x: x, st)
+                new = step(st)
+                return j + live.astype(jnp.int32), jax.tree_util.tree_map(lambda a, b: jnp.where(live, a, b), new, st)
+            return lax.while_loop(lambda c: c[0] < n, lambda c: lax.fori_loop(0, block, slot, c), (jnp.int32(0), s))[1]
+        return run
+
+    scan = jax.jit(lambda s: lax.scan(lambda c, _: (step(c), None), s, None, length=steps)[0])
+    runtime = jax.jit(lambda s, n: lax.fori_loop(0, n, lambda _, c: step(c), s))
+    select, cond = masked(False), masked(True)
+    n = jnp.int32(steps)
+    return {"scan": scan, "while, one step an iteration": lambda s: runtime(s, n),
+            f"while over blocks of {block}, masked by a select": lambda s: select(s, n),
+            f"while over blocks of {block}, skipped by a cond": lambda s: cond(s, n)}
+
+
+def section_blocks(args, rows: list[Row], files: Files) -> None:
+    cases = (("lj64", lj, 2_000 if args.quick else 20_000), ("osc1024", oscillators, 5_000 if args.quick else 50_000))
+    for name, make, steps in cases:
+        step, state, energy, positions = make()
+        record, invs = standard(energy, positions)
+        ref = scan_with_records(step, energy, positions, steps, initial=True)
+
+        def run_at(block, step=step, state=state, record=record, invs=invs, steps=steps):
+            def go():
+                with loop_block(block):
+                    return jl.run(step, state, steps, record=record, invariants=invs, sinks=[files.writer()],
+                                  progress=False)
+            return go
+
+        variants = {"scan + records": lambda ref=ref, state=state: jax.block_until_ready(ref(state))}
+        variants.update({f"block {b}": run_at(b) for b in BLOCKS})
+        times = interleaved(variants, args.repeats)
+        files.clean()
+        label = {"lj64": "LJ-64 NVE", "osc1024": "1024 oscillators"}[name]
+        for b in BLOCKS:
+            what = "the plain loop (one step an iteration)" if b == 1 else f"blocks of {b}"
+            rows.append(Row("blocks", f"{name}: jl.run, {what}", f"{label}, {steps:,} steps, standard workload, vs "
+                            "the scan computing the same records", ratios(times, f"block {b}", "scan + records")))
+        loops = loop_shapes(step, steps, 32)
+        times = interleaved({k: (lambda f=f, state=state: jax.block_until_ready(f(state))) for k, f in loops.items()},
+                            args.repeats)
+        for k in list(loops)[1:]:
+            rows.append(Row("blocks", f"{name}: plain JAX, {k}", f"{label}, {steps:,} steps, no records, vs a scan",
+                            ratios(times, k, "scan")))
+        short = 200
+        from pytest_jaxlog.drive import program
+        for b in (1, program.BLOCK["gpu"]):
+            per_step, masked = host_copies(step, state, record, short, b, files.tmp)
+            rows.append(Row("blocks", f"{name}: device-to-host copies per step, block {b}",
+                            f"copies: a profiler trace of a whole {short}-step run ({masked} masked steps)",
+                            [per_step], unit="copies"))
+
+
 # ------------------------------------------------------------------------------------ output
 def table(rows: list[Row], judged: bool) -> str:
     lines = ["| measurement | workload | jaxlog vs reference: median (min–max) | target | |",
@@ -617,7 +718,7 @@ def write_page(text: str) -> None:
     PAGE.write_text(new)
 
 
-SECTIONS = ("sparse", "fixed", "compile", "long", "suite", "accelerator")
+SECTIONS = ("sparse", "fixed", "compile", "long", "suite", "accelerator", "blocks")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -668,6 +769,8 @@ def main() -> None:
                 section_long(args, rows, files)
             elif name == "suite":
                 section_suite(args, rows, files)
+            elif name == "blocks":
+                section_blocks(args, rows, files)
             else:
                 section_accelerator(args, rows, files)
             print(f"{time.perf_counter() - t0:.0f} s")

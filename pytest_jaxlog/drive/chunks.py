@@ -94,6 +94,7 @@ class Fill:
     closed: bool = False  # no more chunks go into it (it ends at a checkpoint step)
     ran: int | None = None  # steps that ran: known once pulled
     stopped_at: np.ndarray | None = None  # until=: where the run (each system) stopped, -1 if not, once pulled
+    slots: int = 0  # loop slots its chunks ran, once pulled: ``slots - ran`` were masked (see program.blocks)
     frames: dict = field(default_factory=dict)  # path -> (steps, values), once pulled
 
     @property
@@ -309,6 +310,7 @@ class Reader:
         the frames are views of the buffers (no copy; the set is freed with the frames, and a
         later fill takes a fresh one), which keeps a large set from being held twice."""
         f.ran = ran = self._ran(f)
+        f.slots = int(np.asarray(f.out["counts"][-1]))
         bufs = f.out.pop("bufs")
         copy = reuse or not self.cpu
         first = bool(f.flags & program.RECORD_INITIAL)

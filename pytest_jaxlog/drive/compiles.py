@@ -12,7 +12,7 @@ from ..profiling.timings import CompileTracker, Timings, describe_avals
 
 def run_timings(tracker: CompileTracker, wall_s: float, steps: int, window: Any = None, *,
                 state_leaves: Sequence[Any] | None = None, stepping_s: float | None = None,
-                programs: int | None = None) -> Timings:
+                programs: int | None = None, masked_steps: int = 0) -> Timings:
     """``state_leaves`` (``jl.run``, whose tracked programs all take the state's leaves first and
     carry the step function): the compilations are this thread's (the run's own), and
     ``compiles`` counts the distinct state signatures they were compiled for, so the program and
@@ -21,7 +21,8 @@ def run_timings(tracker: CompileTracker, wall_s: float, steps: int, window: Any 
     persistent compilation cache. A compilation whose arguments the tracker did not read
     (``CompileTracker(read_args=False)``) has the state's leaf types as its ``args``.
     ``programs``: the distinct programs the run dispatched, compiled now or earlier in this process
-    (never fewer than it compiled: a program that compiled and then failed to run still counts)."""
+    (never fewer than it compiled: a program that compiled and then failed to run still counts).
+    ``masked_steps``: loop slots the run computed and threw away (see ``drive.program.blocks``)."""
     if state_leaves is None:
         t = tracker.timings(wall_s, steps, window)
     else:
@@ -30,6 +31,7 @@ def run_timings(tracker: CompileTracker, wall_s: float, steps: int, window: Any 
                 for ev in tracker.events if ev.thread == thread]
         t = tracker.timings(wall_s, steps, window, events=mine, signature=lambda ev: ev.args[:n])
     t.stepping_s = stepping_s
+    t.masked_steps = int(masked_steps)
     if programs is not None:
         t.programs = max(int(programs), t.compiles)
     return t

@@ -115,10 +115,13 @@ class RunLoop:
         # a sharded state: the key and the until= stops live replicated on its mesh (see drive.shards),
         # and the program makes each fresh set of buffers itself, laid out like the views
         self.mesh_rep = mesh_rep = shards.replicated_on(state)
-        # one program, any length; scalar records share row buffers unless the state is sharded
-        self.plan = plan = laid_out(self.resolved.plan, capacity, self.shapes,
-                                    pack=mesh_rep is None and shards.process_count() == 1)
         self.leaves = leaves = jax.tree_util.tree_leaves(state)
+        # one program, any length and chunk size, stepping in blocks (see program.blocks); scalar
+        # records share row buffers unless the state is sharded
+        platform = next(iter(leaves[0].devices())).platform if leaves else jax.default_backend()
+        self.plan = plan = laid_out(self.resolved.plan, capacity, self.shapes,
+                                    pack=mesh_rep is None and shards.process_count() == 1,
+                                    block=program.block_for(platform))
         # with invariants, chunk-start states are kept for the post-mortem: no donation
         # with checkpoints, the state at each written step is kept for one (on a stop, too)
         # a small state is not donated: the copy that keeps the caller's arrays costs more than it saves
@@ -192,6 +195,7 @@ class RunLoop:
         self.t_loop: float | None = None
         self.first_call_s = 0.0  # when the device loop began; what its compiling first dispatch took
         self.open_window = None  # the profile window whose steps are being dispatched
+        self.masked_steps = 0  # loop slots the pulled sets ran beyond their steps (see program.blocks)
         self.saved_at = cfg.start_step  # the step of the newest checkpoint in the file
         # the sinks open once the first chunk is dispatched: a file is created while that chunk runs
         # (on a first run, once its program compiled), not before (milliseconds, as much as a short
@@ -314,6 +318,7 @@ class RunLoop:
         reuse = self.fills.set_bytes < VIEW_BYTES
         for f in batch:
             bufs = self.reader.pull(f, reuse)
+            self.masked_steps += f.slots - f.ran
             if bufs is not None:
                 self.fills.give(bufs)
             if until is not None and self.stop_reason != "until":
@@ -495,7 +500,7 @@ class RunLoop:
         t_done = time.perf_counter()
         stepping_s = None if self.t_loop is None else t_done - self.t_loop - self.first_call_s
         timings = run_timings(self.tracker, t_done - self.t_start, self.written_step - cfg.start_step, window_s,
-                              state_leaves=self.leaves, stepping_s=stepping_s,
+                              state_leaves=self.leaves, stepping_s=stepping_s, masked_steps=self.masked_steps,
                               programs=int(self.chunk_program is not None))  # one chunk program per run
         result = self.make(self.cur, self.written_step, timings, self.violation,
                            {**self.pipe.artifacts, **self.window_artifacts}, self.status, self.stop_reason)

@@ -3,11 +3,13 @@
 How a chunk of work steps ``k0 .. k0+n-1`` (recording steps ``k0+1 .. k0+n``) runs:
 
 - one program per kernel and records, compiled for the capacity ``C`` with the trip count ``n``
-  a runtime value (a while loop): every chunk length, runs of any length, profile-window steps
-  (``n = 1``) and the post-mortem replay run the very same executable. A loop whose trip count
-  is known at compile time may be unrolled or removed by XLA (length 1), which changes fusion
-  and so the last bits of reductions in views: with a runtime trip count, records and states are
-  bit-identical whatever the chunk size;
+  a runtime value: every chunk length, runs of any length and the post-mortem replay run the
+  very same executable. The steps themselves run in *blocks*, loops of a trip count XLA knows
+  (``plan.block`` slots; a slot past the chunk's end or a stop is masked: computed, its results
+  not kept), and only the loop over blocks has a runtime trip count: XLA:GPU asks the host for a
+  runtime loop condition before every iteration, so a round trip per block, not per step (see
+  :func:`blocks`). A dispatch of fewer steps than a block (a profile-window step) computes the
+  whole block and keeps its steps; the masked slots are counted (``timings.masked_steps``);
 - the record buffers are arguments, donated: the program writes the rows it records into them
   and returns them. Consecutive short chunks write into one set of buffers, each from where the
   previous one left off (``fill``), until it holds ``C`` steps; a pulled set goes back to the
@@ -16,7 +18,7 @@ How a chunk of work steps ``k0 .. k0+n-1`` (recording steps ``k0+1 .. k0+n``) ru
   not one per step, and rows past what was recorded are stale, never read;
 - what is recorded is grouped in *lanes* (one view, or the selected aux leaves or ``jl.log``
   values on one schedule):
-  every-step lanes write one row per step into ``C + 1``-row buffers (row 0 of a run's first
+  every-step lanes write one row per step into ``C + 2``-row buffers (row 0 of a run's first
   set: the initial state's frame; the scalar leaves of one dtype share a buffer, a column each,
   so one update per step writes them all, see ``row_buffers``); sparser lanes are *compact*:
   evaluated only at their scheduled steps, or only where their ``when=`` predicate also holds,
@@ -51,6 +53,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
@@ -135,7 +138,7 @@ class Plan:
 
     step: Callable
     lanes: tuple[Lane, ...]
-    dense: tuple[int, ...]  # lane indices with row buffers (C + 1 rows)
+    dense: tuple[int, ...]  # lane indices with row buffers (C + 2 rows)
     compact: tuple[tuple[int, int], ...]  # (lane index, slots): sparse and when= lanes, compacted on the device
     initial: tuple[int, ...]  # view lanes whose schedule holds at step 0 (the initial state's frame)
     host_masks: tuple[int, ...]  # compact lanes whose schedule the program cannot evaluate: masks from the host
@@ -149,6 +152,8 @@ class Plan:
     collect: bool = False  # the step calls jl.log: run it under the collector
     log_capacity: int | None = None  # capacity of logs inside while loops that give none
     until_values: bool = False  # until= takes (state, values): the step's aux and logs (see drive.predicates)
+    block: int = 1  # loop slots per block of steps (a loop of that trip count, known to XLA; see ``blocks``)
+    segment: int = 1  # nested plans: loop slots between two states the compact lanes are asked about
     _hash: int = dataclasses.field(init=False, repr=False, compare=False)  # see __post_init__
 
     def __post_init__(self):  # jit hashes its static argument on every call: hash the lanes once
@@ -156,6 +161,12 @@ class Plan:
 
     def __hash__(self) -> int:
         return self._hash
+
+    @property
+    def rows(self) -> int:
+        """Rows of a row buffer: the initial frame's, one per step of the capacity, and one a masked
+        slot past the end of a full set writes (see ``_ChunkLoop.dense_rows``)."""
+        return self.length + 2
 
     def __eq__(self, other: object) -> bool:
         if self is other:
@@ -178,10 +189,11 @@ def intern(plan: Plan) -> Plan:
     return _PLANS.intern(plan)
 
 
-def layout(lanes: tuple[Lane, ...], capacity: int, shapes: tuple[dict, ...], pack: bool) -> dict:
+def layout(lanes: tuple[Lane, ...], capacity: int, shapes: tuple[dict, ...], pack: bool, block: int = 1) -> dict:
     """Which lanes get row buffers (and how their leaves share them, see ``row_buffers``), which
     are compacted (and with how many slots), which record the initial state, and which need host
-    masks, for a capacity of ``capacity`` loop steps."""
+    masks, for a capacity of ``capacity`` loop steps; and the loop's blocks of ``block`` slots
+    (see :func:`blocks`)."""
     initial = tuple(i for i, ln in enumerate(lanes) if not ln.from_step and ln.schedule.contains(0))
     dense = tuple(i for i, ln in enumerate(lanes) if ln.in_loop_every_step)
     rows = row_buffers([shapes[i] for i in dense], pack)
@@ -190,8 +202,63 @@ def layout(lanes: tuple[Lane, ...], capacity: int, shapes: tuple[dict, ...], pac
     compact = tuple((i, max(1, ln.schedule.max_in_span(capacity)) + (i in initial) + 1)
                     for i, ln in enumerate(lanes) if i not in dense)
     host = tuple(i for i, _ in compact if device_schedule(lanes[i].schedule) is None)
-    return {"dense": dense, "compact": compact, "initial": initial, "host_masks": host, "length": capacity,
-            "row_buffers": rows}
+    out = {"dense": dense, "compact": compact, "initial": initial, "host_masks": host, "length": capacity,
+           "row_buffers": rows}
+    return {**out, **blocks(lanes, compact, host, block, capacity)}
+
+
+def blocks(lanes: tuple[Lane, ...], compact: tuple[tuple[int, int], ...], host: tuple[int, ...], block: int,
+           capacity: int) -> dict:
+    """How the chunk loop blocks its steps: ``block`` slots per block, and for nested plans
+    ``segment`` slots between two states the compact lanes are asked about.
+
+    Why blocks: XLA:GPU copies a ``while`` loop's condition to the host before every iteration,
+    a round trip that cost a few-microsecond step 2.6x. A loop of a trip count XLA knows runs on
+    the device alone, so the steps run in blocks of such loops (``block`` slots, a slot past the
+    chunk's end or ``until=`` masked: computed, and its results not kept), and only the loop over
+    blocks asks the host. Nested plans (sparse views) step in segments of ``segment`` slots (the
+    shortest period of their schedules, if a dispatch of the capacity ``capacity`` holds it: a
+    view is evaluated once per period, as in a nested scan), ``block // segment`` segments a
+    block. The blocks depend on the platform and the
+    records only, never on the chunk size or the run length: every dispatch (one-step chunks,
+    profile-window steps, post-mortem replays) runs the one program, so results are the same
+    bit for bit whatever the chunk size (XLA fuses a loop of another trip count differently,
+    and a reduction in a view can differ in its last bit). ``block`` 1 is the plain loop, one
+    step an iteration, and its nested plans (``segment`` 0) step to the next scheduled state in
+    an inner loop of a runtime trip count, as a nested scan would."""
+    block = max(1, int(block))
+    if not compact or host or any(lanes[i].from_step for i, _ in compact):
+        return {"block": block, "segment": 1}
+    if block == 1:
+        return {"block": 1, "segment": 0}
+    periods = [p.n for p in (_progression(lanes[i].schedule) for i, _ in compact) if p is not None]
+    period = min(periods) if periods else block
+    return {"block": block, "segment": period if period <= min(SEGMENT_MAX, capacity) else block}
+
+
+SEGMENT_MAX = 4096  # a nested plan's longest segment: longer periods step in segments of ``block``
+
+# loop slots per block by platform: a GPU asks the host for a runtime loop condition; a CPU runs its
+# loops on the host, and a TPU's scalar unit runs them on the chip: the plain loop there (BLOCK_DEFAULT)
+BLOCK = {"gpu": 32, "cuda": 32, "rocm": 32}
+BLOCK_DEFAULT = 1
+
+
+def block_for(platform: str) -> int:
+    """Loop slots per block on ``platform``: enough that a GPU's round trip per block weighs little
+    against a few-microsecond step, few enough that a short dispatch masks little.
+    ``JAXLOG_BLOCK`` sets it (1: the plain loop, one step an iteration)."""
+    env = os.environ.get("JAXLOG_BLOCK", "").strip()
+    if env:
+        try:
+            value = int(env)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise JaxlogError(f"JAXLOG_BLOCK={env!r}: loop slots per block must be a whole number >= 1")
+        return value
+    return BLOCK.get(platform, BLOCK_DEFAULT)
+
 
 
 PACKED = "/"  # a shared row buffer's key: "/<dtype>", which no record path is (paths are a/b/c names)
@@ -453,11 +520,11 @@ def keeps_steps(lane: Lane) -> bool:
 
 
 def buffer_specs(plan: Plan, shapes: tuple[dict, ...]) -> dict:
-    """One set of record buffers, as ``ShapeDtypeStruct`` leaves: row buffers of ``C + 1`` rows, and
+    """One set of record buffers, as ``ShapeDtypeStruct`` leaves: row buffers of ``C + 2`` rows (``Plan.rows``), and
     per compact lane its values' slots and, where ``keeps_steps``, its steps' (else None). What
     :func:`buffers` puts on a device, what a sharded run's program makes itself, what a set
     weighs and which pooled sets fit (equal specs, interchangeable sets)."""
-    dense = {name: jax.ShapeDtypeStruct((plan.length + 1, *shape), dtype)
+    dense = {name: jax.ShapeDtypeStruct((plan.rows, *shape), dtype)
              for name, (shape, dtype) in _row_shapes(plan, [shapes[i] for i in plan.dense]).items()}
     compact = tuple(({p: jax.ShapeDtypeStruct((m, *sd.shape), sd.dtype) for p, sd in shapes[i].items()},
                      jax.ShapeDtypeStruct((m,), np.int32) if keeps_steps(plan.lanes[i]) else None)
@@ -492,8 +559,8 @@ def control(k0: int, n: int, row0: int, flags: int) -> Control:
 
 
 def empty_counts(plan: Plan) -> tuple:
-    """The compact lanes' slot counts of a fresh set of buffers: nothing written."""
-    return tuple(np.int32(0) for _ in plan.compact)
+    """The compact lanes' slot counts of a fresh set of buffers, and its loop slots: nothing written."""
+    return tuple(np.int32(0) for _ in range(len(plan.compact) + 1))
 
 
 def buffer_bytes(specs: dict) -> int:
@@ -534,11 +601,13 @@ def chunk_impl(plan: Plan, state, bufs, key, ctl: Control, counts, masks, stoppe
     made here) from row ``ctl.row0`` and, per compact lane, from slot ``counts[c]``, where earlier
     chunks left off. ``stopped``: with ``until=``, the step where the run (per system: each
     system) stopped, -1 while it goes on; carried from chunk to chunk. Returns the state, the
-    buffers, the new ``counts`` and ``stopped``."""
+    buffers, the new ``counts`` and ``stopped``. ``counts`` ends with the loop slots the set's
+    chunks ran (see :func:`blocks`): those beyond the steps that ran were masked."""
     if bufs is None:  # a sharded state's first set: zeros laid out as XLA places the views (see drive.chunks)
         bufs = _zeros(plan, state, key)
     loop = _ChunkLoop(plan, key, ctl, masks)
-    dense, compact, counts = bufs["dense"], bufs["compact"], tuple(counts)
+    dense, compact = bufs["dense"], bufs["compact"]
+    counts, slots = tuple(counts[:-1]), counts[-1]
     done = stopped >= 0
     if plan.initial:  # the initial state's frame: row 0 of row buffers, the first slot of compact ones
         dense, compact, counts = lax.cond(ctl.record_initial, functools.partial(loop.first_frame, state, stopped),
@@ -546,17 +615,31 @@ def chunk_impl(plan: Plan, state, bufs, key, ctl: Control, counts, masks, stoppe
     if plan.until is not None and not plan.until_values:  # a values until= is first asked about step 1
         done, stopped = lax.cond(ctl.check_initial, functools.partial(loop.first_until, state), lambda a: a,
                                  (done, stopped))
-    carry = (jnp.int32(0), state, done, stopped, dense, compact, counts)
-    _, state, done, stopped, dense, compact, counts = lax.while_loop(loop.cond, loop.body(), carry)
+    carry = (jnp.int32(0), state, done, stopped, dense, compact, counts, slots)
+    _, state, done, stopped, dense, compact, counts, slots = lax.while_loop(loop.cond, loop.block, carry)
     # the steps that ran are not returned: all ``n`` of them, or, with ``until=``, up to the
     # step ``stopped`` says (an output computed from the loop's index would be one more kernel)
-    return {"state": state, "bufs": {"dense": dense, "compact": compact}, "counts": counts, "stopped": stopped}
+    return {"state": state, "bufs": {"dense": dense, "compact": compact}, "counts": (*counts, slots),
+            "stopped": stopped}
+
+
+def _keep(live: Any, new: Any, old: Any) -> Any:
+    """``new`` where the slot is ``live``, else ``old``: a masked slot's results are thrown away."""
+    return jax.tree_util.tree_map(lambda a, b: jnp.where(live, a, b), new, old)
+
+
+def _fixed(size: int, body: Callable, carry: Any) -> Any:
+    """``size`` applications of ``body``: a loop of that trip count, which XLA knows (a GPU runs it
+    without asking the host); one application as it is."""
+    if size == 1:
+        return body(carry)
+    return lax.fori_loop(0, size, lambda _, c: body(c), carry)
 
 
 class _ChunkLoop:
     """The pieces of one chunk's device loop, traced once per program: what a loop index ``j``
-    (the state ``k0 + j``) does, and the loop body that fits the plan's records. A loop carry is
-    ``(j, state, done, stopped, dense, compact, counts)``."""
+    (the state ``k0 + j``) does, and the block of slots that fits the plan's records. A loop carry
+    is ``(j, state, done, stopped, dense, compact, counts, slots)``."""
 
     def __init__(self, plan: Plan, key: Any, ctl: Control, masks: tuple):
         self.plan, self.lanes, self.key = plan, plan.lanes, key
@@ -618,7 +701,10 @@ class _ChunkLoop:
         return new, aux, logs, done, stopped
 
     def dense_rows(self, dense, st, aux, logs, j):
-        """The every-step records of the state ``k0 + j + 1`` written into their row."""
+        """The every-step records of the state ``k0 + j + 1`` written into their row. A masked
+        slot writes too (no select over a buffer): ``j`` did not move past the chunk's end, so
+        its row is at most ``row0 + n + 1``, a row no step recorded yet (a later step writes it
+        again; the buffers have a row beyond the capacity for the last chunk of a set)."""
         ys = {}
         for i in self.plan.dense:
             ys.update(self.lanes[i].read(st, aux, logs))
@@ -632,72 +718,104 @@ class _ChunkLoop:
             bound = jnp.minimum(bound, f(self.k0 + j) - self.k0)  # no overflow: k0 >= 0
         return bound
 
-    # -- loop bodies -------------------------------------------------------------------------------
-    def body(self) -> Callable:
-        """The loop body for the plan's records: nested loops where every schedule is known on the
-        device (views only, or only sparse records), else one step per iteration."""
+    # -- blocks --------------------------------------------------------------------------------------
+    def block(self, carry):
+        """One iteration of the loop over blocks (the only loop whose trip count is a runtime
+        value): ``plan.block`` slots of one step each, or for nested plans (every compact lane a
+        view on a device schedule) ``plan.block // plan.segment`` segments."""
         plan, lanes = self.plan, self.lanes
-        device_schedules = not plan.host_masks and all(f is not None for f in self.nexts)
-        if device_schedules and not any(lanes[i].from_step for i, _ in plan.compact):
-            return self.nested_body
-        if device_schedules and plan.compact and not plan.dense:
-            return self.sparse_body
-        return self.step_body
+        *rest, slots = carry
+        nested = (not plan.host_masks and plan.compact and all(f is not None for f in self.nexts)
+                  and not any(lanes[i].from_step for i, _ in plan.compact))
+        if nested and plan.segment == 0:  # the plain nested loop: its slots are its steps
+            out = self.segment_body(tuple(rest))
+            return (*out, slots + out[0] - rest[0])
+        if nested:
+            size = max(1, plan.block // plan.segment)
+            return (*_fixed(size, self.segment_body, tuple(rest)), slots + size * plan.segment)
+        return (*_fixed(plan.block, self.step_slot, tuple(rest)), slots + plan.block)
 
-    def step_body(self, carry):
-        """One step, its every-step records, and each compact lane where scheduled."""
+    def step_slot(self, carry):
+        """One slot: a step, its every-step records, and each compact lane where scheduled; masked
+        past the chunk's end or ``until=``. Lanes of what the step returns or logs are written at
+        every slot and counted where kept (they are computed anyway, and a ``cond`` would cost a
+        GPU a host round trip per step); a view lane is evaluated only where scheduled, under a
+        ``cond``."""
         plan, lanes = self.plan, self.lanes
-        j, st, done, stopped, dense, compact, counts = carry
+        j, st0, done0, stopped0, dense, compact, counts = carry
+        live = self.going(j, done0, self.n) if plan.block > 1 else jnp.ones((), bool)
         k = self.k0 + j
-        st, aux, logs, done, stopped = self.advance(j, st, done, stopped)
+        st, aux, logs, done, stopped = self.advance(j, st0, done0, stopped0)
         dense = self.dense_rows(dense, st, aux, logs, j)
         new_compact, new_counts = [], []
         for (i, m), (buf, steps), count in zip(plan.compact, compact, counts):
             take = self.mask_of[i][j] if i in self.mask_of else self.tests[i](k + 1)
             if lanes[i].when is not None:
                 take = take & when_flag(lanes[i], st, plan, live_at(stopped, k + 1), lanes[i].values(aux, logs))
+            take = take & live
+            if lanes[i].from_step and plan.block > 1:
+                buf, steps, count = _put_next(take & (count < m - 1), buf, steps, count,
+                                              lanes[i].read(st, aux, logs), k + 1)
+            else:
+                def write(args, i=i):
+                    buf, steps, count = args
+                    return _put(buf, lanes[i].read(st, aux, logs), count), _put_step(steps, k + 1, count), count + 1
 
-            def write(args, i=i):
-                buf, steps, count = args
-                return _put(buf, lanes[i].read(st, aux, logs), count), _put_step(steps, k + 1, count), count + 1
-
-            buf, steps, count = lax.cond(take & (count < m), write, lambda a: a, (buf, steps, count))
+                buf, steps, count = lax.cond(take & (count < m), write, lambda a: a, (buf, steps, count))
             new_compact.append((buf, steps))
             new_counts.append(count)
-        return j + 1, st, done, stopped, dense, tuple(new_compact), tuple(new_counts)
+        if plan.block > 1:  # (a block of one slot runs only while the loop goes on: nothing to mask)
+            j, st, done, stopped = _keep(live, (j + 1, st, done, stopped), (j, st0, done0, stopped0))
+        else:
+            j = j + 1
+        return j, st, done, stopped, dense, tuple(new_compact), tuple(new_counts)
 
-    def nested_body(self, carry):
-        """Nested loops, like a nested scan: an inner loop runs the steps up to the next state a
-        compact lane is scheduled at, writing the every-step records (no schedule test, no cond
-        per step); then the state reached is recorded by the compact lanes where scheduled. The
-        step and each view appear once in the program, and which states are recorded depends
-        on the schedules only, so results are the same for any chunk size. A compact lane whose
-        schedule is the only one and which has no when= is taken at nearly every state reached
-        (not at a chunk's end or a stop): its view is evaluated there unconditionally and
-        written to its next slot, counted where taken (inside a cond, the sparse benchmark's
-        view ran slower on XLA:CPU); other lanes keep the cond, so an expensive view is never
-        evaluated at another lane's steps."""
+    def segment_body(self, carry):
+        """One segment, like one iteration of a nested scan's outer loop: ``plan.segment`` slots
+        that step up to the next state a compact lane is scheduled at (no further), writing the
+        every-step records (no schedule test, no cond per step); then the state reached is
+        recorded by the compact lanes where scheduled. The step and each view appear once in the
+        program, and which states are recorded depends on the schedules only, so results are the
+        same for any chunk size. A compact lane whose schedule is the only one, has no when= and
+        whose period is the segment is taken at nearly every state reached (not at a chunk's end
+        or a stop): its view is evaluated there unconditionally and written to its next slot,
+        counted where taken (a cond costs a GPU a host round trip, and inside one the sparse
+        benchmark's view ran slower on XLA:CPU); other lanes keep the cond, so an expensive view
+        is never evaluated at another lane's steps."""
         plan, lanes, k0 = self.plan, self.lanes, self.k0
+        schedules = {lanes[i].schedule for i, _ in plan.compact}
+        prog = _progression(next(iter(schedules))) if len(schedules) == 1 else None
+        plain = plan.segment == 0  # an inner loop of a runtime trip count, to the next scheduled state
         eager = {i for i, _ in plan.compact if lanes[i].when is None} \
-            if len({lanes[i].schedule for i, _ in plan.compact}) == 1 else set()
-
-        def inner(c):
-            j, st, done, stopped, dense = c
-            st, aux, logs, done, stopped = self.advance(j, st, done, stopped)
-            if plan.dense:
-                dense = self.dense_rows(dense, st, aux, logs, j)
-            return j + 1, st, done, stopped, dense
+            if len(schedules) == 1 and (plain or (prog is not None and prog.n == plan.segment)) else set()
 
         j, st, done, stopped, dense, compact, counts = carry
-        bound = self.next_bound(j)  # bound > j: at least one step
-        j, st, done, stopped, dense = lax.while_loop(lambda c: self.going(c[0], c[2], bound), inner,
-                                                     (j, st, done, stopped, dense))
+        # a segment past the chunk's end (or a stop) records nothing; the plain loop runs none
+        live = jnp.ones((), bool) if plain else self.going(j, done, self.n)
+        bound = self.next_bound(j) if plain else jnp.minimum(self.next_bound(j), j + plan.segment)
+
+        def inner(c):
+            j, st0, done0, stopped0, dense = c
+            st, aux, logs, done, stopped = self.advance(j, st0, done0, stopped0)
+            if plan.dense:
+                dense = self.dense_rows(dense, st, aux, logs, j)
+            if plain:
+                return j + 1, st, done, stopped, dense
+            j, st, done, stopped = _keep(self.going(j, done0, bound), (j + 1, st, done, stopped),
+                                         (j, st0, done0, stopped0))
+            return j, st, done, stopped, dense
+
+        if plain:  # bound > j: at least one step
+            j, st, done, stopped, dense = lax.while_loop(lambda c: self.going(c[0], c[2], bound), inner,
+                                                         (j, st, done, stopped, dense))
+        else:
+            j, st, done, stopped, dense = _fixed(plan.segment, inner, (j, st, done, stopped, dense))
         new_compact, new_counts = [], []
         for (i, m), (buf, steps), count in zip(plan.compact, compact, counts):
             # whether the state reached is one this lane is scheduled at: asked again rather
             # than compared with the target found before the inner loop (no state it passed
             # is scheduled), so the target is not carried through the loop, a kernel less
-            take = self.tests[i](k0 + j)
+            take = live & self.tests[i](k0 + j)
             if lanes[i].when is not None:
                 take = take & when_flag(lanes[i], st, plan, live_at(stopped, k0 + j))
             if i in eager:
@@ -712,22 +830,6 @@ class _ChunkLoop:
             new_compact.append((buf, steps))
             new_counts.append(count)
         return j, st, done, stopped, dense, tuple(new_compact), tuple(new_counts)
-
-    def sparse_body(self, carry):
-        """Only sparse records, some of them aux or logs (what the step returns): the steps before
-        the next scheduled one run in an inner loop that only steps, then the scheduled step runs
-        and records."""
-        def plain(c):
-            j, st, done, stopped = c
-            st, _, _, done, stopped = self.advance(j, st, done, stopped)
-            return j + 1, st, done, stopped
-
-        j, st, done, stopped = carry[:4]
-        bound = self.next_bound(j)
-        j, st, done, stopped = lax.while_loop(lambda c: self.going(c[0] + 1, c[2], bound), plain,
-                                              (j, st, done, stopped))
-        carry = (j, st, done, stopped, *carry[4:])
-        return lax.cond(self.going(j, done, self.n), self.step_body, lambda c: c, carry)
 
 
 @dataclass(frozen=True)

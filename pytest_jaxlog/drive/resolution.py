@@ -194,11 +194,12 @@ def signature_of(fn: Callable, plan: Plan, resolved: Resolved, args: tuple, give
     return _SIGNATURES.memo((fn, plan, id(resolved)), lambda: (resolved, program.Signature.of(args)))[1]
 
 
-def laid_out(plan: Plan, capacity: int, shapes: tuple[dict, ...], pack: bool) -> Plan:
-    """``plan`` with the chunk layout for ``capacity``, interned; computed once per resolved plan
-    and its leaves' shapes (a warm short run's host work is tens of microseconds a piece)."""
-    return _LAID_OUT.memo((plan, capacity, id(shapes), pack), lambda: (shapes, program.intern(
-        dataclasses.replace(plan, **program.layout(plan.lanes, capacity, shapes, pack)))))[1]
+def laid_out(plan: Plan, capacity: int, shapes: tuple[dict, ...], pack: bool, block: int = 1) -> Plan:
+    """``plan`` with the chunk layout for ``capacity`` and its blocks of ``block`` slots, interned;
+    computed once per resolved plan and its leaves' shapes (a warm short run's host work is tens
+    of microseconds a piece)."""
+    return _LAID_OUT.memo((plan, capacity, id(shapes), pack, block), lambda: (shapes, program.intern(
+        dataclasses.replace(plan, **program.layout(plan.lanes, capacity, shapes, pack, block)))))[1]
 
 
 def _hint(cfg: RunConfig) -> str:

@@ -57,6 +57,13 @@ class Run:
         """XLA's cost of one step and of each view at one recorded step (``jl.Cost``); compiled on first use."""
         return run_cost(self._chunk_program)
 
+    @functools.cached_property
+    def compiled(self) -> Any:
+        """The chunk program this run dispatched, as a ``jax.stages.Compiled`` (see
+        :meth:`compiled_chunk`): ``run.compiled.as_text()`` shows the loops XLA made of it, the
+        blocks of steps with their ``known_trip_count``."""
+        return self.compiled_chunk()
+
     def compiled_chunk(self) -> Any:
         """The chunk program this run dispatched, compiled (a ``jax.stages.Compiled``, from JAX's
         cache: nothing is compiled again). ``.as_text()`` is the program after XLA's passes, with

@@ -139,12 +139,12 @@ class Layout:
     @classmethod
     def of(cls, out_shardings: dict, plan: Any, schema: Schema) -> "Layout":
         """From the chunk program's output shardings: its record buffers (``bufs``: row buffers
-        of ``plan.length + 1`` rows, compact ones of their slots)."""
+        of ``plan.rows`` rows, compact ones of their slots)."""
         shapes = {leaf.path: tuple(leaf.shape) for leaf in schema.leaves}
         bufs = out_shardings["bufs"]
         records = {}
         for path, s in bufs["dense"].items():
-            records[path] = record_layout(path, s, plan.length + 1, shapes[path])
+            records[path] = record_layout(path, s, plan.rows, shapes[path])
         for (_, m), (vals, _) in zip(plan.compact, bufs["compact"]):
             for path, s in vals.items():
                 records[path] = record_layout(path, s, m, shapes[path])

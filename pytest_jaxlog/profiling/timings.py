@@ -454,6 +454,9 @@ class Timings:
     stepping_s: float | None = None
     from_cache: int = 0
     programs: int | None = None  # distinct programs the run dispatched (jl.run), None where unknown
+    # jl.run: loop slots computed and thrown away (its device loop steps in blocks of a trip count XLA
+    # knows; a slot past a dispatch's end or an until= stop is masked). At most block - 1 per dispatch
+    masked_steps: int = 0
 
     @property
     def reused(self) -> int:

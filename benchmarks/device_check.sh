@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Everything the GPU rows of docs/performance-gpu.md need, in one call on a lent GPU (about 7 minutes
+# on one H200): the device loop's blocks against the plain loop (benchmarks/run.py --only blocks:
+# ratios to the scan with the same records, and device-to-host copies per step counted in a profiler
+# trace), the long, sparse and fixed sections, then the tests that must hold on the card (the blocks'
+# bits and trip counts, the examples' speed test). Each step has its own time limit; tables go to
+# stdout and to $OUT (or $TMPDIR/jaxlog-device).
+#
+#     bash benchmarks/device_check.sh            # on the machine with the GPU, from the repository root
+set -u
+cd "$(dirname "$0")/.."
+out=${OUT:-${TMPDIR:-/tmp}/jaxlog-device}
+mkdir -p "$out"
+export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+py=${PYTHON:-python3}
+# the card's image has jax, h5py, tqdm, pytest, hypothesis; what it lacks travels as wheels in .whl/
+# (perfetto, and this package's own wheel: `pip wheel --no-deps -w .whl .`, which registers the plugin)
+if ls .whl/*.whl >/dev/null 2>&1; then
+    $py -m pip install -q --no-index --no-deps --no-compile --target /tmp/jaxlog-site .whl/*.whl &&
+        export PYTHONPATH=/tmp/jaxlog-site${PYTHONPATH:+:$PYTHONPATH}
+else
+    $py -m pip install -q --no-deps --no-build-isolation -e . >/dev/null
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
+$py -c "import jax; print('jax', jax.__version__, jax.devices())"
+
+part() {  # part NAME SECONDS COMMAND...: one measurement, its limit, its output kept
+    local name=$1 limit=$2 t0
+    shift 2
+    t0=$(date +%s)
+    echo "== $name"
+    timeout "$limit" "$@" 2>&1 | tee "$out/$name.txt"
+    echo "== $name: exit ${PIPESTATUS[0]} after $(($(date +%s) - t0)) s"
+}
+
+part blocks 150 $py benchmarks/run.py --only blocks --json "$out/blocks.json"
+part gpu-tests 120 $py -m pytest -q -p no:cacheprovider tests/test_blocks.py \
+    examples/test_performance.py::test_lj_is_not_slower_than_a_bare_scan
+part long-sparse-fixed 200 $py benchmarks/run.py --only long,sparse,fixed --json "$out/main.json"
+# the plain loop with XLA's command buffers (CUDA graphs) taking the loops: device-side loop conditions
+part command-buffers 50 env XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL" \
+    $py benchmarks/run.py --only blocks --quick
