@@ -12,26 +12,30 @@ from ..profiling.timings import CompileTracker, Timings, describe_avals
 
 def run_timings(tracker: CompileTracker, wall_s: float, steps: int, window: Any = None, *,
                 state_leaves: Sequence[Any] | None = None, stepping_s: float | None = None,
-                programs: int | None = None, masked_steps: int = 0) -> Timings:
+                programs: int | None = None, masked_steps: int = 0, reasons: Sequence[str] = ()) -> Timings:
     """``state_leaves`` (``jl.run``, whose tracked programs all take the state's leaves first and
     carry the step function): the compilations are this thread's (the run's own), and
-    ``compiles`` counts the distinct state signatures they were compiled for, so the program and
-    the post-mortem replay of one kernel count once, while every new state shape/dtype/weak type
-    counts again; ``from_cache`` counts the signatures whose programs all came from JAX's
-    persistent compilation cache. A compilation whose arguments the tracker did not read
+    ``compiles`` counts every one of them: the same program compiled twice is two (a cache that
+    did not hold it, a mix of committed and uncommitted arguments), which a count of distinct
+    signatures would hide; ``from_cache`` counts those JAX loaded from its persistent compilation
+    cache. A compilation whose arguments the tracker did not read
     (``CompileTracker(read_args=False)``) has the state's leaf types as its ``args``.
+    ``reasons``: why the driver compiled again, for the compilations after the run's first, in
+    order (see ``CompileEvent.reason``).
     ``programs``: the distinct programs the run dispatched, compiled now or earlier in this process
     (never fewer than it compiled: a program that compiled and then failed to run still counts).
     ``masked_steps``: loop slots the run computed and threw away (see ``drive.program.blocks``)."""
     if state_leaves is None:
         t = tracker.timings(wall_s, steps, window)
     else:
-        n, thread = len(state_leaves), threading.current_thread().name
+        thread = threading.current_thread().name
         mine = [ev if ev.args is not None else dataclasses.replace(ev, args=describe_avals(state_leaves))
                 for ev in tracker.events if ev.thread == thread]
-        t = tracker.timings(wall_s, steps, window, events=mine, signature=lambda ev: ev.args[:n])
+        mine = mine[:1] + [dataclasses.replace(ev, reason=why) if ev.reason is None and why is not None else ev
+                           for ev, why in zip(mine[1:], [*reasons, *[None] * len(mine)])]
+        t = tracker.timings(wall_s, steps, window, events=mine)
     t.stepping_s = stepping_s
     t.masked_steps = int(masked_steps)
-    if programs is not None:
-        t.programs = max(int(programs), t.compiles)
+    if programs is not None:  # a program compiled twice is one program
+        t.programs = max(int(programs), len({(ev.function, ev.args) for ev in t.compile_events}))
     return t

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -193,7 +193,9 @@ class RunLoop:
         self.pm_state = None  # the state at the first violating step, replayed for the post-mortem
         self.last: Fill | None = None  # the last set of buffers pulled
         self.t_loop: float | None = None
-        self.first_call_s = 0.0  # when the device loop began; what its compiling first dispatch took
+        self.compiling_s = 0.0  # what the dispatches that traced and compiled took: not stepping time
+        self.compiled_once = False  # the run compiled its program (a later compile is a recompile)
+        self.reasons: list[str] = []  # why each compile after the first happened (CompileEvent.reason)
         self.open_window = None  # the profile window whose steps are being dispatched
         self.masked_steps = 0  # loop slots the pulled sets ran beyond their steps (see program.blocks)
         self.saved_at = cfg.start_step  # the step of the newest checkpoint in the file
@@ -255,12 +257,11 @@ class RunLoop:
         bufs, row0, counts = self.fills.next(k0, length, flags)
         args = (plan, cur, bufs, self.key, self.kept.control(k0, length, row0, flags), self.kept(counts), masks,
                 stopped, self.consts)
-        compiles_before, t_call = (self.tracker.count, time.perf_counter()) if n_chunk == 0 else (0, 0.0)
-        out = fn(*args) if win is None else self.window_step(win, k0, args)
-        if n_chunk == 0:  # the first dispatch: did it trace and compile the program?
-            self.first_call_s = time.perf_counter() - t_call if self.tracker.count > compiles_before else 0.0
-            if self.open_late:
-                self.open_sinks()
+        if win is not None and self.open_window is not win:  # compiled before the window opens, never in a step
+            self.compiling(n_chunk, args, lambda: fn.lower(*args).compile())
+        out = self.compiling(n_chunk, args, lambda: fn(*args) if win is None else self.window_step(win, k0, args))
+        if n_chunk == 0 and self.open_late:
+            self.open_sinks()
         if self.chunk_program is None or (not self.program_bufs and bufs is not None):  # the program later chunks run
             # taken once the chunk runs (donated arguments keep their shapes and shardings)
             self.chunk_program = (fn, plan, signature_of(fn, plan, self.resolved, args[1:], [*self.leaves, self.key]))
@@ -275,6 +276,20 @@ class RunLoop:
             self.cfg.timeline.slice("dispatch", f"steps {k0}..{k0 + length}", t0, t1, {"k0": k0, "length": length})
         self.inflight.append(Chunk(k0, length, None if self.use_donate else cur, stopped, t1))
         self.fills.dispatched(self.inflight[-1], out, self.reader)
+
+    def compiling(self, n_chunk: int, args: tuple, call: Callable[[], Any]) -> Any:
+        """``call()``, and if it traced and compiled (JAX's compile log grew), its seconds kept out
+        of the stepping time and, after the run's first compilation, why it compiled again: the
+        argument whose type or placement differs from the first dispatch's, or none."""
+        seen, t_call = len(self.tracker.all_events), time.perf_counter()
+        out = call()
+        if len(self.tracker.all_events) > seen:
+            self.compiling_s += time.perf_counter() - t_call
+            if self.compiled_once:
+                first = self.chunk_program[2] if self.chunk_program is not None else None
+                self.reasons.append(program.Signature.of(args[1:]).differs(first, at=f"chunk {n_chunk}"))
+            self.compiled_once = True
+        return out
 
     def window_step(self, win: Any, k0: int, args: tuple) -> dict:
         """Work step ``k0`` of profile window ``win``: one dispatch inside its annotation."""
@@ -468,7 +483,8 @@ class RunLoop:
         if state is None:  # donated: the newest state we still hold (frames may end earlier)
             state, state_step = (self.cur, self.cur_step) if not any_deleted(self.cur) else (None, self.written_step)
         timings = run_timings(self.tracker, time.perf_counter() - self.t_start, state_step - cfg.start_step,
-                              state_leaves=self.leaves, programs=int(self.chunk_program is not None))
+                              state_leaves=self.leaves, programs=int(self.chunk_program is not None),
+                              reasons=self.reasons)
         partial = self.make(state, state_step, timings, pipe.first, pipe.artifacts, status, "interrupted")
         exc.jaxlog_run = partial  # type: ignore[attr-defined]  # the user's handle on the partial run
 
@@ -498,9 +514,10 @@ class RunLoop:
         jax.block_until_ready(self.cur)
         self.settle()
         t_done = time.perf_counter()
-        stepping_s = None if self.t_loop is None else t_done - self.t_loop - self.first_call_s
+        stepping_s = None if self.t_loop is None else t_done - self.t_loop - self.compiling_s
         timings = run_timings(self.tracker, t_done - self.t_start, self.written_step - cfg.start_step, window_s,
                               state_leaves=self.leaves, stepping_s=stepping_s, masked_steps=self.masked_steps,
+                              reasons=self.reasons,
                               programs=int(self.chunk_program is not None))  # one chunk program per run
         result = self.make(self.cur, self.written_step, timings, self.violation,
                            {**self.pipe.artifacts, **self.window_artifacts}, self.status, self.stop_reason)

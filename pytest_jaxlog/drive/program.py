@@ -853,6 +853,27 @@ class Signature:
                 out.append((x.shape, x.dtype, None, False))
         return cls(treedef, tuple(out))
 
+    def differs(self, first: "Signature | None", at: str) -> str:
+        """Why a dispatch compiled again what an earlier one with signature ``first`` compiled: the
+        arguments whose shape, dtype, placement or weak type differ, named by their place in the
+        chunk's arguments, or, where none differs, that JAX's caches no longer held the program."""
+        names = ("state", "buffers", "key", "control", "counts", "masks", "stopped", "constants")
+        if first is None or first.treedef != self.treedef:
+            return f"{at}: the arguments' structure differs from the first dispatch's"
+        paths = [jax.tree_util.keystr(kp) for kp, _ in
+                 jax.tree_util.tree_flatten_with_path(jax.tree_util.tree_unflatten(self.treedef, range(len(self.leaves))))[0]]
+        fields = ("shape", "dtype", "placement", "weak type")
+        out = []
+        for path, now, was in zip(paths, self.leaves, first.leaves):
+            diff = [f"{f} {b} -> {a}" for f, a, b in zip(fields, now, was) if a != b]
+            if diff:
+                head = path.split("]", 1)
+                arg = names[int(head[0][1:])] if head[0][1:].isdigit() and int(head[0][1:]) < len(names) else path
+                out.append(f"{arg}{head[1] if len(head) > 1 else ''}: {', '.join(diff)}")
+        if not out:
+            return f"{at}: the same arguments as the first dispatch; JAX's caches no longer held the program"
+        return f"{at}: " + "; ".join(out[:3]) + (f"; and {len(out) - 3} more" if len(out) > 3 else "")
+
     def abstract(self) -> Any:
         """The arguments as ``jax.ShapeDtypeStruct``, to lower the program again."""
         return jax.tree_util.tree_unflatten(self.treedef, [

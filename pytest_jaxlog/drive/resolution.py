@@ -216,7 +216,7 @@ def as_arrays(state):
     here, so the first chunk and the later ones compile to one program."""
     if all(isinstance(x, jax.Array) and not getattr(x, "weak_type", True) and not x.is_deleted()
            for x in jax.tree_util.tree_leaves(state)):
-        return state  # (a test's runs mostly pass such states: nothing to look at leaf by leaf)
+        return placed_alike(state)  # (a test's runs mostly pass such states: nothing to look at leaf by leaf)
     pairs, treedef = jax.tree_util.tree_flatten_with_path(state)
     out = []
     for kp, leaf in pairs:
@@ -236,7 +236,26 @@ def as_arrays(state):
                 f"state on the device, so every leaf must be a numeric array (keep configuration such as "
                 f"names or settings out of the state, e.g. in the step function's closure) ({e})"
             ) from None
-    return jax.tree_util.tree_unflatten(treedef, out)
+    return placed_alike(jax.tree_util.tree_unflatten(treedef, out))
+
+
+def placed_alike(state):
+    """The state with every leaf committed to the one device some of its leaves are committed to
+    (``jax.device_put(x, device)``, MJX's ``d.time``), where others are not. jit compiles one
+    program per mix of committed and uncommitted arguments, and the first chunk's output is
+    committed throughout: the second chunk would compile the same program again, with identical
+    shapes. Leaves sharded over several devices, or committed to different devices, are left as
+    they are (jit places or refuses them)."""
+    leaves = jax.tree_util.tree_leaves(state)
+    committed = [x for x in leaves if isinstance(x, jax.Array) and x.committed]
+    if not committed or len(committed) == len(leaves):
+        return state
+    devices = {d for x in committed for d in x.sharding.device_set}
+    if len(devices) != 1 or any(len(x.sharding.device_set) != 1 for x in committed):
+        return state
+    device = devices.pop()
+    return jax.tree_util.tree_map(
+        lambda x: x if isinstance(x, jax.Array) and x.committed else jax.device_put(x, device), state)
 
 
 def check_carry(state, new_shape, cfg: RunConfig) -> None:

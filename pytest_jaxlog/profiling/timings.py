@@ -117,7 +117,9 @@ class CompileEvent:
 
     ``end_ns`` is ``time.perf_counter_ns()`` when the backend compile finished (None if unseen).
     ``cached``: the executable came from JAX's persistent compilation cache (traced and lowered,
-    not compiled; ``seconds`` is then the time to load it).
+    not compiled; ``seconds`` is then the time to load it). ``reason``: why a driver compiled
+    again what it had compiled before in the same run, where it can tell (the argument that
+    differed, or none: JAX's caches no longer held the program).
     """
 
     name: str
@@ -126,6 +128,7 @@ class CompileEvent:
     thread: str | None = None
     end_ns: int | None = field(default=None, compare=False)
     cached: bool = False
+    reason: str | None = field(default=None, compare=False)
 
     @property
     def eager(self) -> bool:
@@ -144,17 +147,18 @@ class CompileEvent:
     def __str__(self) -> str:
         args = "(?)" if self.args is None else f"({', '.join(self.args)})"
         secs = "" if self.seconds is None else f" [{self.seconds * 1e3:.1f} ms{', from the cache' if self.cached else ''}]"
-        return f"{self.function}{args}{secs}"
+        why = "" if self.reason is None else f" (compiled again: {self.reason})"
+        return f"{self.function}{args}{secs}{why}"
 
     def to_json(self) -> dict:
         return {"name": self.name, "args": None if self.args is None else list(self.args),
-                "seconds": self.seconds, "thread": self.thread, "cached": self.cached}
+                "seconds": self.seconds, "thread": self.thread, "cached": self.cached, "reason": self.reason}
 
     @classmethod
     def from_json(cls, d: dict) -> "CompileEvent":
         args = d.get("args")
         return cls(d["name"], None if args is None else tuple(args), d.get("seconds"), d.get("thread"),
-                   cached=bool(d.get("cached", False)))
+                   cached=bool(d.get("cached", False)), reason=d.get("reason"))
 
 
 # --- process-wide hookup: one handler and one monitoring listener, shared by open trackers -------
@@ -461,7 +465,8 @@ class Timings:
     @property
     def reused(self) -> int:
         """Programs the run ran without compiling or loading them: compiled earlier in this process."""
-        return max((self.programs or 0) - self.compiles, 0)
+        compiled = len({(ev.function, ev.args) for ev in self.compile_events}) if self.compile_events else self.compiles
+        return max((self.programs or 0) - compiled, 0)
 
     @property
     def run_s(self) -> float:
@@ -516,7 +521,8 @@ class Timings:
         """`` (the run needed 2 programs: 1 compiled fresh, 1 from the persistent cache, 0 reused ...)``."""
         if self.programs is None:
             return ""
-        return (f" (the run needed {_plural(max(self.programs, self.compiles), 'program')}: "
+        again = f" and compiled {_plural(self.compiles, 'time')}" if self.compiles > self.programs else ""
+        return (f" (the run needed {_plural(self.programs, 'program')}{again}: "
                 f"{self.compiles - self.from_cache} compiled fresh, {self.from_cache} loaded from the persistent "
                 f"compilation cache, {self.reused} reused from this process)")
 
