@@ -68,6 +68,21 @@ def test_a_state_compiles_its_program_once_whatever_its_placement_and_types(case
     np.testing.assert_allclose(np.asarray(run.state["x"]), np.full(3, scale ** 300, np.float32), rtol=1e-5)
 
 
+def test_a_committed_key_or_constant_compiles_once_too():
+    """A key or an array in the step's closure committed to the device commits the chunk's outputs:
+    the state is committed from the first chunk on, so the second does not compile again."""
+    key = jax.device_put(jax.random.key(0), DEVICE)
+    with jax_compiles() as seen:
+        run = jl.run(lambda k, s: {"x": s["x"] * 0.91 + 1e-3 * jax.random.normal(k, (3,))}, {"x": jnp.ones(3)}, 300,
+                     key=key, record={"m": lambda s: s["x"].mean()}, chunk=100, progress=False)
+    assert len(seen) == 1 and run.timings.compiles == 1
+    shift = jax.device_put(jnp.arange(3.0), DEVICE)
+    with jax_compiles() as seen:
+        run = jl.run(lambda s: {"x": s["x"] * 0.92 + shift}, {"x": jnp.ones(3)}, 300,
+                     record={"m": lambda s: s["x"].mean()}, chunk=100, progress=False)
+    assert len(seen) == 1 and run.timings.compiles == 1
+
+
 def _clear_once():
     cleared: list[int] = []
 

@@ -35,7 +35,7 @@ from .loggers import ProgressLogger, progress_for_run
 from .pipeline import Pipeline, Span
 from .postmortem import replay
 from .identity import placed
-from .resolution import as_arrays, capacity_of, laid_out, programs_of, resolve_run, signature_of
+from .resolution import as_arrays, capacity_of, laid_out, placed_alike, programs_of, resolve_run, signature_of
 from .result import Run, make_run
 from .scalars import scalars_on
 from .segments import Segment, segments
@@ -115,6 +115,8 @@ class RunLoop:
         # a sharded state: the key and the until= stops live replicated on its mesh (see drive.shards),
         # and the program makes each fresh set of buffers itself, laid out like the views
         self.mesh_rep = mesh_rep = shards.replicated_on(state)
+        # one placement for every dispatch: a state committed throughout where anything is committed
+        self.state = state = placed_alike(state, cfg.key, self.resolved.consts)
         self.leaves = leaves = jax.tree_util.tree_leaves(state)
         # one program, any length and chunk size, stepping in blocks (see program.blocks); scalar
         # records share row buffers unless the state is sharded

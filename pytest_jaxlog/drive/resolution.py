@@ -216,7 +216,7 @@ def as_arrays(state):
     here, so the first chunk and the later ones compile to one program."""
     if all(isinstance(x, jax.Array) and not getattr(x, "weak_type", True) and not x.is_deleted()
            for x in jax.tree_util.tree_leaves(state)):
-        return placed_alike(state)  # (a test's runs mostly pass such states: nothing to look at leaf by leaf)
+        return state  # (a test's runs mostly pass such states: nothing to look at leaf by leaf)
     pairs, treedef = jax.tree_util.tree_flatten_with_path(state)
     out = []
     for kp, leaf in pairs:
@@ -236,19 +236,21 @@ def as_arrays(state):
                 f"state on the device, so every leaf must be a numeric array (keep configuration such as "
                 f"names or settings out of the state, e.g. in the step function's closure) ({e})"
             ) from None
-    return placed_alike(jax.tree_util.tree_unflatten(treedef, out))
+    return jax.tree_util.tree_unflatten(treedef, out)
 
 
-def placed_alike(state):
-    """The state with every leaf committed to the one device some of its leaves are committed to
-    (``jax.device_put(x, device)``, MJX's ``d.time``), where others are not. jit compiles one
-    program per mix of committed and uncommitted arguments, and the first chunk's output is
-    committed throughout: the second chunk would compile the same program again, with identical
-    shapes. Leaves sharded over several devices, or committed to different devices, are left as
-    they are (jit places or refuses them)."""
+def placed_alike(state, *others):
+    """The state with every leaf committed to the one device that a leaf of it, or of ``others``
+    (the key, the step's hoisted constants), is committed to (``jax.device_put(x, device)``;
+    MJX's ``d.time`` is one), where its leaves are not all committed. A jitted computation's
+    outputs are committed when any of its inputs is, and jit compiles a program for each mix of
+    committed and uncommitted arguments: the first chunk's state would be uncommitted and the
+    next chunk's (the first's output) committed, compiling the same program twice. Arrays
+    sharded over several devices, or committed to different devices, leave the state as it is
+    (jit places or refuses them)."""
     leaves = jax.tree_util.tree_leaves(state)
-    committed = [x for x in leaves if isinstance(x, jax.Array) and x.committed]
-    if not committed or len(committed) == len(leaves):
+    committed = [x for x in (*leaves, *jax.tree_util.tree_leaves(others)) if isinstance(x, jax.Array) and x.committed]
+    if not committed or all(isinstance(x, jax.Array) and x.committed for x in leaves):
         return state
     devices = {d for x in committed for d in x.sharding.device_set}
     if len(devices) != 1 or any(len(x.sharding.device_set) != 1 for x in committed):
