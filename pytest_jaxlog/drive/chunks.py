@@ -74,11 +74,13 @@ class RowBuffer(NamedTuple):
 
 class Slot(NamedTuple):
     """Where a chunk writes: the set's buffers, its first row (the set's rows follow the steps)
-    and the compact lanes' next slots (counted on the device: ``when=`` decides them)."""
+    and the compact lanes' next slots (counted on the device: ``when=`` decides them). ``row``:
+    the first row on the device, where the previous chunk of the set left it (None: a fresh set)."""
 
     bufs: dict | None
     row0: int
     counts: tuple
+    row: Any = None
 
 
 @dataclass
@@ -141,7 +143,7 @@ class Fills:
         if cur is None:
             cur = self.current = Fill(k0, flags)
             return Slot(self._take(), 0, program.empty_counts(self.plan))
-        return Slot(cur.out.pop("bufs"), k0 - cur.k0, cur.out["counts"])
+        return Slot(cur.out.pop("bufs"), k0 - cur.k0, cur.out["counts"], cur.out["next"]["row0"])
 
     def dispatched(self, chunk: Chunk, out: dict, reader: "Reader") -> None:
         cur = self.current
