@@ -215,6 +215,17 @@ def test_masked_steps_are_the_slots_past_each_dispatch(steps, chunk, monkeypatch
     assert run.timings.masked_steps <= (GPU_BLOCK - 1) * len(lengths)
 
 
+def test_a_nested_plan_masks_less_than_a_block_and_its_period_per_dispatch(monkeypatch):
+    """A view every 10 steps: segments of 10, 3 a block; the slots past each dispatch's end and
+    before its first scheduled state are masked, fewer than 32 + 10 per dispatch."""
+    monkeypatch.setenv("JAXLOG_BLOCK", str(GPU_BLOCK))
+    for steps, chunk in ((103, 20), (1000, 64), (7, None)):
+        run = _run("nested", steps, chunk=chunk)
+        per = steps if chunk is None else chunk
+        dispatches = len(range(0, steps, per))
+        assert 0 < run.timings.masked_steps < dispatches * (GPU_BLOCK + 10)
+
+
 def test_the_plain_loop_masks_nothing(monkeypatch):
     monkeypatch.setenv("JAXLOG_BLOCK", "1")
     assert _run("nested", 103, chunk=20).timings.masked_steps == 0
