@@ -175,6 +175,19 @@ def test_records_and_states_are_the_same_bits_for_any_chunk_and_length(block, mo
                 same(traj["aux/p"], np.array([ref[k]["x"].max() for k in range(3, steps + 1, 3)]))
 
 
+@pytest.mark.parametrize("block", [1, GPU_BLOCK])
+@pytest.mark.parametrize("chunk", [None, 1, 20])
+def test_only_sparse_values_of_the_step_are_its_own_at_their_steps(block, chunk, monkeypatch):
+    """Only aux leaves every 3 steps (the plain loop's sparse body; a block's every slot)."""
+    monkeypatch.setenv("JAXLOG_BLOCK", str(block))
+    ref = plain(100)
+    run = jl.run(step_aux, STATE, 100, has_aux=True, aux={"p": jl.every(3)}, chunk=chunk, progress=False)
+    traj = run.trajectory
+    assert traj.steps("aux/p").tolist() == list(range(3, 101, 3))
+    np.testing.assert_allclose(traj["aux/p"], np.array([ref[k]["x"].max() for k in range(3, 101, 3)]),
+                               rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize("block", [1, 8, GPU_BLOCK])
 @pytest.mark.parametrize("chunk", [None, 1, 20])
 def test_until_stops_at_the_exact_step_for_any_block(block, chunk, monkeypatch):

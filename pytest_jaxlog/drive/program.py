@@ -735,6 +735,10 @@ class _ChunkLoop:
         if nested:
             size = max(1, plan.block // plan.segment)
             return (*_fixed(size, self.segment_body, tuple(rest)), slots + size * plan.segment)
+        if plan.block == 1 and plan.compact and not plan.dense and not plan.host_masks \
+                and all(f is not None for f in self.nexts):  # the plain loop, only sparse records
+            out = self.sparse_body(tuple(rest))
+            return (*out, slots + out[0] - rest[0])
         return (*_fixed(plan.block, self.step_slot, tuple(rest)), slots + plan.block)
 
     def step_slot(self, carry):
@@ -832,6 +836,22 @@ class _ChunkLoop:
             new_compact.append((buf, steps))
             new_counts.append(count)
         return j, st, done, stopped, dense, tuple(new_compact), tuple(new_counts)
+
+    def sparse_body(self, carry):
+        """The plain loop's body for only sparse records, some of them aux or logs (what the step
+        returns): the steps before the next scheduled one run in an inner loop that only steps,
+        then the scheduled step runs and records (no cond per step)."""
+        def plain(c):
+            j, st, done, stopped = c
+            st, _, _, done, stopped = self.advance(j, st, done, stopped)
+            return j + 1, st, done, stopped
+
+        j, st, done, stopped = carry[:4]
+        bound = self.next_bound(j)
+        j, st, done, stopped = lax.while_loop(lambda c: self.going(c[0] + 1, c[2], bound), plain,
+                                              (j, st, done, stopped))
+        carry = (j, st, done, stopped, *carry[4:])
+        return lax.cond(self.going(j, done, self.n), self.step_slot, lambda c: c, carry)
 
 
 @dataclass(frozen=True)
