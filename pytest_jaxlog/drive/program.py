@@ -570,10 +570,30 @@ def buffer_bytes(specs: dict) -> int:
 
 
 def _zeros(plan: Plan, state: Any, key: Any) -> dict:
-    """A set of record buffers made inside the program (traced: shapes from the lanes' reads)."""
+    """A set of record buffers made inside the program (traced: shapes from the lanes' reads). On
+    a mesh of explicit axes (``jax.make_mesh``'s default) a value's type carries its sharding, and
+    a row is written only into a buffer of the same sharding: each buffer is laid out as its
+    record's values, their leading (frame) axis unsharded. Elsewhere XLA places them."""
     st_shape, aux_shape, log_shape = jax.eval_shape(lambda st: apply_logged(plan, key, jnp.int32(0), st), state)
     shapes = tuple(jax.eval_shape(ln.read, st_shape, aux_shape, log_shape) for ln in plan.lanes)
-    return jax.tree_util.tree_map(lambda sd: jnp.zeros(sd.shape, sd.dtype), buffer_specs(plan, shapes))
+    specs = buffer_specs(plan, shapes)
+    of = {p: sd for lane in shapes for p, sd in lane.items()}
+    dense = {p: _zeros_like_rows(sd, of.get(p)) for p, sd in specs["dense"].items()}
+    compact = tuple(({p: _zeros_like_rows(sd, of.get(p)) for p, sd in vals.items()},
+                     None if steps is None else jnp.zeros(steps.shape, steps.dtype))
+                    for vals, steps in specs["compact"])
+    return {"dense": dense, "compact": compact}
+
+
+def _zeros_like_rows(sd: Any, value: Any) -> Any:
+    """Zeros of buffer ``sd``, sharded as rows of ``value`` (its ShapeDtypeStruct) where its
+    sharding is a type (explicit mesh axes), else placed by XLA."""
+    sharding = getattr(value, "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is None or not any(t == jax.sharding.AxisType.Explicit for t in getattr(mesh, "axis_types", ())):
+        return jnp.zeros(sd.shape, sd.dtype)
+    spec = jax.sharding.PartitionSpec(None, *sharding.spec)
+    return lax.full(sd.shape, 0, sd.dtype, sharding=jax.sharding.NamedSharding(mesh, spec))
 
 
 def _put(buf: dict, vals: dict, row: Any) -> dict:
