@@ -71,3 +71,41 @@ def test_a_state_on_a_mesh_runs_as_a_plain_scan_does(kind):
     assert out["e"] and out["x"] and out["state"], out
     assert out["state_spec"] == [["d"], ["d"]]
     assert out["x_buffer"] == [None, "d"]  # laid out as the view's values: no gather to one device
+
+
+@pytest.mark.parametrize("kind", ["explicit", "auto"])
+def test_a_resume_continues_on_the_mesh_and_equals_the_uninterrupted_run(kind, tmp_path):
+    """Stopped after its checkpoint at step 100 and resumed with like= (the initial state): the
+    state comes back on the mesh and the file equals the uninterrupted run's frames bit for bit;
+    without like= the resume is refused, naming the mesh."""
+    out = _run_program(textwrap.dedent(KERNEL) + textwrap.dedent(f"""
+        mesh, state = make({kind!r})
+        path = {str(tmp_path / "t.h5")!r}
+        full = jl.run(step, state, 300, record={{"e": energy}}, progress=False)
+
+        def stop(k, rows):
+            if k >= 150:
+                raise KeyboardInterrupt
+        try:
+            jl.run(step, state, 300, record={{"e": energy}}, checkpoint=jl.every(100), chunk=50, progress=False,
+                   sinks=[jl.HDF5Writer(path), jl.CallbackSink(stop, rows=True)])
+        except KeyboardInterrupt:
+            pass
+        try:
+            jl.resume(path, step, 300, record={{"e": energy}}, progress=False)
+            refused = ""
+        except jl.JaxlogError as e:
+            refused = str(e)
+        run = jl.resume(path, step, 300, like=state, record={{"e": energy}}, progress=False)
+        print(json.dumps({{
+            "refused": refused,
+            "resumed_from": run.resumed_from,
+            "spec": [spec(a.sharding) for a in run.state],
+            "devices": len(run.state[0].sharding.device_set),
+            "e": bool(np.array_equal(jl.load(path)["e"], full.trajectory["e"])),
+            "state": all(bool(np.array_equal(np.asarray(a), np.asarray(b))) for a, b in zip(run.state, full.state)),
+        }}))
+    """))
+    assert "the run's state was sharded over a mesh ('d': 4); pass like=" in out["refused"]
+    assert out["resumed_from"] == 100 and out["devices"] == 4 and out["spec"] == [["d"], ["d"]]
+    assert out["e"] and out["state"], out

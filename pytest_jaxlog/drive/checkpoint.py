@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
 from ..errors import JaxlogError
@@ -55,6 +56,8 @@ class CheckpointMeta:
     # what a resume takes from the file when not given again; None in older files
     checkpoint: dict | None = None  # the run's checkpoint schedule
     invariant_specs: list | None = None  # check.specs.spec_of of each invariant (None: code, not stored)
+    # the mesh the state was sharded over ({axis: size}), None on one device: a resume must be given it
+    mesh: dict | None = None
 
     def encode(self) -> np.ndarray:
         return json_array(asdict(self))
@@ -94,8 +97,19 @@ _META_TYPES: dict[str, tuple] = {
     "invariants": (list,), "active": (list,), "violation": (dict, type(None)), "done": (list, bool, type(None)),
     "systems_done": (list, type(None)), "state_leaves": (dict,), "treedef": (str,), "x64": (bool,),
     "schema": (dict,), "dt": (float, int, type(None)), "checkpoint": (dict, type(None)),
-    "invariant_specs": (list, type(None)),
+    "invariant_specs": (list, type(None)), "mesh": (dict, type(None)),
 }
+
+
+def mesh_of(state: Any) -> dict | None:
+    """``{axis: size}`` of the mesh the state's first leaf sharded over several devices lies on,
+    or None: what a resume must place the state on again (see ``drive.resume.placed_like``)."""
+    for leaf in jax.tree_util.tree_leaves(state):
+        sharding = getattr(leaf, "sharding", None)
+        mesh = getattr(sharding, "mesh", None)
+        if mesh is not None and len(sharding.device_set) > 1:
+            return {str(name): int(size) for name, size in mesh.shape.items()}
+    return None
 
 
 def step_name(step: Any) -> str:

@@ -13,7 +13,8 @@ from ..check.specs import spec_of
 from ..record.frames import Schema
 from ..store.parts import PartsWriter, PartTree
 from ..store.trajectory import load
-from .checkpoint import META, CheckpointMeta, copy_attachments, copy_frames, key_record, state_leaves, step_name
+from .checkpoint import (META, CheckpointMeta, copy_attachments, copy_frames, key_record, mesh_of, state_leaves,
+                         step_name)
 from .checkpoint import NAME as CHECKPOINT
 from .config import RunConfig
 from .pipeline import Pipeline
@@ -41,7 +42,7 @@ class Checkpointer:
                                   x64=bool(jax.config.read("jax_enable_x64")), schema=schema.to_json(), dt=cfg.dt,
                                   programs=programs,
                                   checkpoint=None if cfg.checkpoint is None else cfg.checkpoint.to_json(),
-                                  invariant_specs=[spec_of(inv) for inv in cfg.invariants])
+                                  invariant_specs=[spec_of(inv) for inv in cfg.invariants], mesh=mesh_of(state))
         return cls(pipe, template, cfg.until is not None)
 
     def save(self, step: int, state: Any, stopped: Any, systems_done: np.ndarray | None) -> int:

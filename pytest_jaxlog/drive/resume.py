@@ -18,6 +18,20 @@ from .resume_defaults import from_file
 from .run import Run, resume_run
 
 
+def placed_like(state: Any, like: Any) -> Any:
+    """The checkpoint's state placed as ``like``'s arrays are (a state sharded over a mesh resumes
+    on that mesh: on one device its reductions would differ in their last bits from the
+    uninterrupted run's); leaves ``like`` has no array for stay where they are."""
+    if like is None:
+        return state
+    try:
+        return jax.tree_util.tree_map(
+            lambda x, t: jax.device_put(x, t.sharding) if isinstance(t, jax.Array)
+            and (t.committed or len(t.sharding.device_set) > 1) else x, state, like)
+    except ValueError:  # like= of another structure: the check against the file names what differs
+        return state
+
+
 def resume(path: str | os.PathLike, step: Callable, steps: int, *, like: Any = None, from_step: int | None = None,
            sinks: Any = (), writer: dict | None = None, **kwargs: Any) -> Run:
     """Continue the run recorded in ``path`` from its newest checkpoint (or ``from_step=``) up to
@@ -71,10 +85,16 @@ def resume(path: str | os.PathLike, step: Callable, steps: int, *, like: Any = N
                               "run's total: steps is the whole run's length")
         where = f"{path} checkpoint at step {point.step}"
         kwargs = from_file(kwargs, point.meta, where)
+        if like is None and point.meta.mesh is not None and leaves is None:
+            mesh = ", ".join(f"{a!r}: {n}" for a, n in point.meta.mesh.items())
+            raise JaxlogError(f"{where}: the run's state was sharded over a mesh ({mesh}); pass like=<a state placed "
+                              "on that mesh> (e.g. the initial state) so the run resumes on it (on one device its "
+                              "reductions would differ in their last bits from the uninterrupted run's)")
         if like is None:  # a state of tuples and lists (or one array) comes back without like=
             plain = template(point.meta.treedef)
             like = plain if beyond_dicts(plain) else None
-        state = (rebuild_state(found.checkpoint.state, found.checkpoint.key_impls, like, point.meta, where)
+        state = (placed_like(rebuild_state(found.checkpoint.state, found.checkpoint.key_impls, like, point.meta,
+                                           where), like)
                  if leaves is None else rebuild_state(leaves, {}, like, point.meta, where))
         extra = list(sinks) if isinstance(sinks, (list, tuple)) else [sinks]
         file_sink = HDF5Writer(Path(path), **{"replace_at_checkpoint": point.step, **(writer or {})})
