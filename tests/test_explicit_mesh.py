@@ -109,3 +109,66 @@ def test_a_resume_continues_on_the_mesh_and_equals_the_uninterrupted_run(kind, t
     assert "the run's state was sharded over a mesh ('d': 4); pass like=" in out["refused"]
     assert out["resumed_from"] == 100 and out["devices"] == 4 and out["spec"] == [["d"], ["d"]]
     assert out["e"] and out["state"], out
+
+
+def test_a_shard_map_kernel_logs_per_shard_and_reduced_values():
+    """A halo-exchange stencil written with ``jax.shard_map`` (``ppermute`` to the neighbours, a
+    ``psum``): ``jl.log`` inside the mapped function records one row per shard, and the run's
+    state equals a plain ``lax.scan`` of the same step bit for bit."""
+    out = _run_program(textwrap.dedent("""
+        mesh = jax.make_mesh((4,), ("d",))
+        put = lambda a: jax.device_put(a, NamedSharding(mesh, P("d")))
+
+        def local(x, v):
+            left = lax.ppermute(x[-1:], "d", [(i, (i + 1) % 4) for i in range(4)])
+            right = lax.ppermute(x[:1], "d", [(i, (i - 1) % 4) for i in range(4)])
+            lap = jnp.concatenate([left, x[:-1]]) + jnp.concatenate([x[1:], right]) - 2 * x
+            v = v + 0.1 * lap
+            jl.log("shard_max", jnp.max(jnp.abs(v)))
+            jl.log("momentum", lax.psum(jnp.sum(v), "d"))
+            return x + 0.1 * v, v
+
+        mapped = jax.shard_map(local, mesh=mesh, in_specs=(P("d"), P("d")), out_specs=(P("d"), P("d")))
+        step = lambda s: mapped(*s)
+        state = (put(np.sin(np.linspace(0, 6, 64)).astype(np.float32)), put(np.zeros(64, np.float32)))
+        run = jl.run(step, state, 40, record={"v": lambda s: s[1]}, chunk=16, progress=False)
+        traj = run.trajectory
+        ref = jax.jit(lambda s: lax.scan(lambda c, _: (step(c), step(c)[1]), s, None, length=40))(state)
+        v = np.asarray(ref[1])  # v at steps 1..40
+        print(json.dumps({
+            "state": all(bool(np.array_equal(np.asarray(a), np.asarray(b))) for a, b in zip(run.state, ref[0])),
+            "v": bool(np.array_equal(traj["v"][1:], v)),
+            "max_shape": list(traj["log/shard_max"].shape),
+            "max": bool(np.array_equal(traj["log/shard_max"], np.abs(v).reshape(40, 4, 16).max(axis=2))),
+            "momentum": np.allclose(traj["log/momentum"], np.repeat(v.sum(axis=1)[:, None], 4, axis=1),
+                                    rtol=1e-5, atol=1e-6),
+            "steps": traj.steps("log/momentum").tolist()[:3],
+        }))
+    """))
+    assert out["state"] and out["v"], out
+    assert out["max_shape"] == [40, 4] and out["max"], out  # one row per step, a column per shard
+    assert out["momentum"] and out["steps"] == [1, 2, 3], out
+
+
+def test_a_recorder_takes_states_on_a_mesh_of_explicit_axes():
+    """``jl.Recorder`` in a hand-written loop over a sharded state: its buffers live on the state's
+    mesh (a row is written only into a buffer of its mesh), the sharded record comes back whole."""
+    out = _run_program(textwrap.dedent(KERNEL) + textwrap.dedent("""
+        mesh, state = make("explicit")
+        jstep = jax.jit(step)
+        xs, es, s = [], [], state
+        with jl.Recorder(record={"e": energy, "x": jl.Record(lambda s: s[0], every=5)},
+                         sinks=[jl.MemorySink()]) as rec:
+            for k in range(21):
+                rec.log(s, k)
+                xs.append(np.asarray(s[0]))
+                es.append(float(jax.jit(energy)(s)))
+                s = jstep(s)
+        traj = rec.trajectory
+        print(json.dumps({
+            "x": bool(np.array_equal(traj["x"], np.stack(xs[::5]))),
+            "steps": traj.steps("x").tolist(),
+            "e": bool(np.allclose(traj["e"], es, rtol=1e-6)),
+        }))
+    """))
+    assert out["x"] and out["e"] and out["steps"] == [0, 5, 10, 15, 20], out

@@ -160,7 +160,7 @@ class Recorder:
             for i in idx:
                 if self._bufs[i] is None:  # put from the host: jnp.zeros dispatches (and compiles) a program per leaf
                     self._bufs[i] = jax.device_put({p: np.zeros((self._rows[i], *shape), dtype) for p, (shape, dtype)
-                                                    in self._expect[i].items()})
+                                                    in self._expect[i].items()}, _replicated_on(state))
                 bufs.append(self._bufs[i])
             rows = np.array([len(self._steps[i]) for i in idx], np.int32)  # one argument, one transfer
             try:
@@ -498,9 +498,29 @@ def _write_impl(key: _LogKey, values, bufs, rows):
                 got = "nothing" if v is None else f"{np.dtype(v.dtype)}{list(v.shape)}"
                 raise _ShapeChange(p, f"got {got}, the schema says {np.dtype(b.dtype)}{list(b.shape[1:])} "
                                       "(views must keep their shape and dtype)")
-            new[p] = lax.dynamic_update_index_in_dim(b, v, row, 0)
+            new[p] = lax.dynamic_update_index_in_dim(b, _unsharded(v), row, 0)
         out.append(new)
     return tuple(out)
+
+
+def _replicated_on(state: Any) -> Any:
+    """Replicated on the mesh of explicit axes a leaf of ``state`` is sharded over, else None (the
+    default device): a row is written only into a buffer of its mesh."""
+    for leaf in jax.tree_util.tree_leaves(state):
+        mesh = getattr(getattr(leaf, "sharding", None), "mesh", None)
+        if mesh is not None and any(t == jax.sharding.AxisType.Explicit for t in getattr(mesh, "axis_types", ())):
+            return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return None
+
+
+def _unsharded(v: Any) -> Any:
+    """``v`` replicated where its type is sharded over explicit mesh axes (``jax.make_mesh``'s
+    default): a recorder's buffers are plain device arrays whose rows the host pulls whole, and a
+    row is written only into a buffer of its own sharding."""
+    sharding = getattr(jax.typeof(v), "sharding", None)
+    if sharding is None or all(a is None for a in getattr(sharding, "spec", ())):
+        return v
+    return jax.sharding.reshard(v, jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec()))
 
 
 _log_into = jax.jit(_log_impl, static_argnums=0, donate_argnums=2)

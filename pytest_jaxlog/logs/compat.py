@@ -69,3 +69,25 @@ def bind(eqn: Any, invals: list) -> list:
     with eqn_context(eqn), eqn.ctx.manager:
         out = eqn.primitive.bind(*invals, **params)
     return list(out) if eqn.primitive.multiple_results else [out]
+
+
+class ShardMapParams(NamedTuple):
+    """What a ``shard_map`` eqn says of its mapping, as ``jax.shard_map`` takes it again."""
+
+    mesh: Any
+    in_specs: tuple
+    out_specs: tuple
+    check_vma: bool
+    axis_names: tuple  # the mesh axes it maps over (manual inside), in the mesh's order
+
+
+def shard_map_params(params: dict) -> ShardMapParams:
+    """A ``shard_map`` eqn's mapping: its parameters have no public spelling (``check_rep`` and
+    ``auto`` in older JAX, ``check_vma`` and ``newly_manual_axes`` since)."""
+    mesh = params["mesh"]
+    manual = params.get("newly_manual_axes")
+    if manual is None:  # older: every mesh axis not left automatic
+        manual = frozenset(mesh.axis_names) - frozenset(params.get("auto", ()))
+    return ShardMapParams(mesh, tuple(params["in_specs"]), tuple(params["out_specs"]),
+                          bool(params.get("check_vma", params.get("check_rep", True))),
+                          tuple(a for a in mesh.axis_names if a in manual))

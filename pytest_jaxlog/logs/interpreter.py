@@ -75,7 +75,7 @@ class Interpreter:
         return [read(v) for v in jaxpr.outvars], entries
 
     def _rule(self, eqn: Any) -> Rule:
-        rule = self.rules.get(eqn.primitive)
+        rule = self.rules.get(eqn.primitive) or self.rules.get(str(eqn.primitive))  # (no public handle: by name)
         if rule is None:
             s = sites_in_eqn(eqn)[0]
             raise JaxlogError(

@@ -12,7 +12,7 @@ from jax import lax
 from jax.extend.core import primitives as prims
 
 from ..errors import JaxlogError
-from .compat import bind, remat_prevent_cse, scan_split
+from .compat import bind, remat_prevent_cse, scan_split, shard_map_params
 from .entries import Entry, Shape, flat
 from .find import jaxpr_has_logs, sites_in
 from .interpreter import Interpreter, Rule
@@ -286,3 +286,28 @@ def _remat(it: Interpreter, eqn: Any, invals: list) -> tuple[list, list[Entry]]:
 
     outs, leaves = jax.checkpoint(fn, prevent_cse=remat_prevent_cse(p), policy=p["policy"])(*invals)
     return list(outs), [s.build(lv) for s, lv in zip(found[-1], leaves)]
+
+
+@rule("shard_map")
+def _shard_map(it: Interpreter, eqn: Any, invals: list) -> tuple[list, list[Entry]]:
+    """A ``jax.shard_map``ped function: mapped again with its logs as extra outputs, each shard's
+    values gathered along a new leading axis (one row per shard, in the mesh's order: a per-shard
+    value stays per shard; a value reduced inside, a ``psum``, comes once per shard, equal)."""
+    sm = shard_map_params(eqn.params)
+    body = eqn.params["jaxpr"]
+    found: list[list[Shape]] = []
+
+    def inner(*args):
+        outs, entries = it.eval(body, [], list(args))
+        shapes, leaves = flat(entries)
+        found.append(shapes)
+        return tuple(outs), [[jnp.expand_dims(x, 0) for x in lv] for lv in leaves]
+
+    spec = jax.sharding.PartitionSpec(sm.axis_names)
+    mapped = jax.shard_map(inner, mesh=sm.mesh, in_specs=sm.in_specs, out_specs=(sm.out_specs, spec),
+                           check_vma=sm.check_vma, axis_names=set(sm.axis_names))
+    outs, gathered = mapped(*invals)
+    shards = 1
+    for a in sm.axis_names:
+        shards *= sm.mesh.shape[a]
+    return list(outs), [s.build(lv, (shards, *s.lead)) for s, lv in zip(found[-1], gathered)]
