@@ -172,3 +172,28 @@ def test_a_recorder_takes_states_on_a_mesh_of_explicit_axes():
         }))
     """))
     assert out["x"] and out["e"] and out["steps"] == [0, 5, 10, 15, 20], out
+
+
+def test_a_one_device_mesh_of_explicit_axes_runs_too():
+    """``jax.make_mesh((1,), ...)``: one device, but the values' types carry the mesh, so the
+    buffers must be made on it (they were plain device arrays, and the first row failed)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax import lax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    import pytest_jaxlog as jl
+
+    mesh = jax.make_mesh((1,), ("d",))
+    put = lambda a: jax.device_put(a, NamedSharding(mesh, P("d")))  # noqa: E731
+    state = (put(np.linspace(0.1, 1.0, 16, dtype=np.float32)), put(np.zeros(16, np.float32)))
+
+    def step(s):
+        return s[0] + 0.01 * s[1], s[1] - 0.01 * jnp.sin(s[0])
+
+    run = jl.run(step, state, 30, record={"x": lambda s: s[0], "e": lambda s: jnp.sum(s[1] ** 2)}, progress=False)
+    ref = jax.jit(lambda s: lax.scan(lambda c, _: (step(c), step(c)[0]), s, None, length=30))(state)
+    np.testing.assert_array_equal(run.trajectory["x"][1:], np.asarray(ref[1]))
+    np.testing.assert_array_equal(np.asarray(run.state[0]), np.asarray(ref[0][0]))
+    assert run.state[0].sharding.mesh.axis_types == mesh.axis_types

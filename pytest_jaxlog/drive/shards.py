@@ -30,12 +30,14 @@ from .resolve import is_key
 
 def replicated_on(state: Any) -> Any:
     """A sharding replicating a value on the mesh of the state's first leaf sharded over several
-    devices (a ``NamedSharding``), or None for a state on one device."""
-    from jax.sharding import NamedSharding, PartitionSpec
+    devices (a ``NamedSharding``), or over a mesh of explicit axes of any size (its values' types
+    carry the mesh: a record buffer must be made on it, even on one device); None for a state on
+    one device."""
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
     for leaf in jax.tree_util.tree_leaves(state):
         s = getattr(leaf, "sharding", None)
-        if isinstance(s, NamedSharding) and s.mesh.size > 1:
+        if isinstance(s, NamedSharding) and (s.mesh.size > 1 or AxisType.Explicit in tuple(s.mesh.axis_types)):
             return NamedSharding(s.mesh, PartitionSpec())
     return None
 
