@@ -6,7 +6,8 @@ same step computing the same records.
 
 The process starts jax with ``--xla_force_host_platform_device_count=4`` (set here, before jax
 starts). Kernels from ``examples/kernels``, their leaves sharded along the particle axis over a
-1-D mesh of the 4 devices (``NamedSharding(mesh, P("d"))``):
+1-D mesh of the 4 devices (``NamedSharding(mesh, P("d"))``), its axis automatic and explicit
+(``--axes``; ``jax.make_mesh``'s default is explicit):
 
 - ``osc``: 16384 harmonic oscillators (4096 per device): short steps, where per-chunk costs show;
 - ``lj``: LJ-216 NVE, all pairs (the positions are all-gathered each step, by both variants).
@@ -45,8 +46,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # references.py
 
 import jax  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import pytest_jaxlog as jl  # noqa: E402
 from references import scan_with_records  # noqa: E402
@@ -54,8 +54,9 @@ from references import scan_with_records  # noqa: E402
 TARGET = 1.10
 
 
-def kernel(name: str):
-    """(step, sharded state, energy, positions view, conserved rtol)."""
+def kernel(name: str, axes: str = "auto"):
+    """(step, sharded state, energy, positions view, conserved rtol), on a mesh of ``axes`` axes
+    (``auto``, or ``explicit``: ``jax.make_mesh``'s default, a value's type carrying its sharding)."""
     if name == "lj":
         from kernels.lj import make_lj
 
@@ -68,12 +69,12 @@ def kernel(name: str):
         positions, rtol = (lambda s: s.x), 1e-2
     else:
         raise SystemExit(f"unknown kernel {name}")
-    mesh = Mesh(np.array(jax.devices()), ("d",))
+    mesh = jax.make_mesh((4,), ("d",), axis_types=(AxisType.Explicit if axes == "explicit" else AxisType.Auto,))
     return step, jax.device_put(state, NamedSharding(mesh, P("d"))), energy, positions, rtol
 
 
-def variants(name: str, steps: int, tmp: Path) -> dict:
-    step, state, energy, positions, rtol = kernel(name)
+def variants(name: str, steps: int, tmp: Path, axes: str) -> dict:
+    step, state, energy, positions, rtol = kernel(name, axes)
     record = {"energy": energy, "positions": jl.Record(positions, every=10)}
 
     scan = scan_with_records(step, energy, positions, steps)
@@ -99,9 +100,9 @@ def variants(name: str, steps: int, tmp: Path) -> dict:
     return {"bare scan": bare, "jl.run": run, "jl.run + HDF5 + invariants": run_hdf5}
 
 
-def bench(name: str, steps: int, repeats: int) -> dict[str, list[float]]:
+def bench(name: str, steps: int, repeats: int, axes: str) -> dict[str, list[float]]:
     with tempfile.TemporaryDirectory() as d:
-        vs = variants(name, steps, Path(d))
+        vs = variants(name, steps, Path(d), axes)
         for fn in vs.values():
             fn()  # warm-up: compile
         times: dict[str, list[float]] = {label: [] for label in vs}
@@ -118,6 +119,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="few steps and repeats: a smoke run")
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--kernels", default="osc,lj")
+    ap.add_argument("--axes", default="auto,explicit", help="mesh axis types: auto, explicit (jax.make_mesh's default)")
     args = ap.parse_args()
     steps = {"osc": 20_000, "lj": 2_000} if not args.quick else {"osc": 2_000, "lj": 200}
     repeats = args.repeats or (3 if args.quick else 9)
@@ -127,11 +129,15 @@ def main() -> None:
           f"load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1 / 5 / 15 min); "
           f"median of {repeats} interleaved repeats [min-max]")
     verdicts = []
-    for name in args.kernels.split(","):
+    for axes, name in ((a, k) for a in args.axes.split(",") for k in args.kernels.split(",")):
+        if (axes, name) == ("explicit", "lj"):  # x[:, None] - x[None, :] of a sharded x has no sharding type
+            print("\nlj on explicit axes: skipped (its all-pairs step needs a jax.sharding.reshard of the "
+                  "positions written for explicit meshes; the kernel is written for automatic ones)")
+            continue
         n = steps[name]
-        times = bench(name, n, repeats)
+        times = bench(name, n, repeats, axes)
         base = times["bare scan"]
-        print(f"\n{name}: {n} steps, sharded over 4 devices")
+        print(f"\n{name}: {n} steps, sharded over 4 devices, {axes} mesh axes")
         print(f"  {'variant':<28} {'time (s)':>22} {'ratio of medians':>17} {'per-repeat ratios':>19} "
               f"{'ratio of minima':>16}")
         for label, ts in times.items():
@@ -140,7 +146,7 @@ def main() -> None:
             print(f"  {label:<28} {med:>8.3f} [{min(ts):.3f}-{max(ts):.3f}] {med / statistics.median(base):>16.2f}x "
                   f"{'':>7}[{min(ratios):.2f}-{max(ratios):.2f}] {min(ts) / min(base):>15.2f}x")
         ratio = statistics.median(times["jl.run"]) / statistics.median(base)
-        verdicts.append(f"target {name}: jl.run {ratio:.2f}x the bare sharded scan (target <= {TARGET}x): "
+        verdicts.append(f"target {name}, {axes} axes: jl.run {ratio:.2f}x the bare sharded scan (target <= {TARGET}x): "
                         f"{'OK' if ratio <= TARGET else 'MISSED'}")
     load = os.getloadavg()
     print(f"\nload average at the end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}")
