@@ -40,3 +40,13 @@ def test_raw_and_typed_keys_give_the_plain_loops_values(make):
         s = _noisy(jax.random.fold_in(key, k), s)
         plain.append(np.asarray(s))
     np.testing.assert_array_equal(run.trajectory["x"], np.stack(plain))
+
+
+def test_a_run_inside_a_jax_transformation_is_one_error_naming_it():
+    def step(x):
+        return x * 0.5 + 1.0
+
+    with pytest.raises(jl.JaxlogError, match=r"state leaf \(the state itself\) is a tracer: jl.run was called inside"):
+        jax.make_jaxpr(lambda x: jl.run(step, x, 10, record={"m": jnp.mean}, progress=False).state)(jnp.ones(3))
+    run = jl.run(step, jnp.ones(3), 10, record={"m": jnp.mean}, progress=False)  # and the next run is unharmed
+    assert run.steps_done == 10 and run.trajectory.steps("m").tolist() == list(range(11))

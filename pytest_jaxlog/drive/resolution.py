@@ -213,7 +213,15 @@ def as_arrays(state):
     """The state as device arrays with strong types; a leaf that cannot be one is an error
     naming it (jl.run carries the whole state through its device loop: configuration belongs in
     the step's closure). Weak types (Python scalars, ``jnp.asarray(1.0)``) are made strong once,
-    here, so the first chunk and the later ones compile to one program."""
+    here, so the first chunk and the later ones compile to one program. A traced state (``jl.run``
+    called inside ``jax.jit``, ``vmap`` or ``make_jaxpr``) is refused: the driver dispatches its
+    compiled loop from the host and reads the frames back, which a trace cannot do."""
+    traced = [kp for kp, x in jax.tree_util.tree_flatten_with_path(state)[0] if isinstance(x, jax.core.Tracer)]
+    if traced:
+        raise JaxlogError(f"state leaf {jax.tree_util.keystr(traced[0]) or '(the state itself)'} is a tracer: jl.run "
+                          "was called inside a JAX transformation (jit, vmap, grad, make_jaxpr); it runs its own "
+                          "compiled loop from the host, so call it outside (for a record inside a jitted function, "
+                          "use jl.log and jl.spool)")
     if all(isinstance(x, jax.Array) and not getattr(x, "weak_type", True) and not x.is_deleted()
            for x in jax.tree_util.tree_leaves(state)):
         return state  # (a test's runs mostly pass such states: nothing to look at leaf by leaf)
