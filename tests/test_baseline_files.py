@@ -91,12 +91,17 @@ def test_cli_compares_two_runs_of_one_machine(store, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"0002_slow against 0001_base ({HERE.key}): time per step of 0002_slow over 0001_base"
     assert out[1].split() == ["test", "0001_base", "steps/s", "0002_slow", "steps/s", "time", "ratio", "interval",
-                              "verdict"]
+                              "verdict", "could", "detect"]
     # every repeat twice as long: each difference of logs is log 2 plus a spread, the HL ratio exactly 2
     rows = [line.split() for line in out[2:]]
     assert [r[0] for r in rows] == ["t.py::test_a", "t.py::test_b"]
     assert rows[0][1:4] == ["9.8", "4.9", "x2.000"]  # 10 steps / the median 1.025 s of the 10 runs; twice as long
-    assert all(r[-1] == "slower" for r in rows)
+    assert all(r[-2] == "slower" for r in rows)
+    # the interval of test_a: every now/saved ratio is 2 times a ratio of two pattern values (Moses, 5 x 5: k = 3)
+    pattern = [1.0, 1.0, 0.9, 1.0, 1.0]  # each repeat's fastest run
+    plain = sorted(2 * a / b for a in pattern for b in pattern)
+    assert rows[0][4:6] == [f"[{plain[2]:.3f},", f"{plain[22]:.3f}]"]
+    assert rows[0][-1] == f"x{1.1 * 2.0 / plain[2]:.3f}"  # detectable at the default threshold, 1.10
     assert main(["benchmarks", str(store), "--compare", f"{HERE.key}/base", f"{THERE.key}/base"]) == 2
     assert "were saved on different machines" in capsys.readouterr().err
     assert main(["benchmarks", str(store), "--compare", "base", "slow"]) == 2  # 'base' is on both machines

@@ -18,7 +18,7 @@ from plugin_helpers import no_jaxlog_env  # noqa: F401  (no_jaxlog_env: an autou
 from pytest_jaxlog.cli import main
 from pytest_jaxlog.errors import JaxlogError
 from pytest_jaxlog.profiling.baseline import BenchmarkRegression, compare
-from pytest_jaxlog.profiling.baselinefile import read
+from pytest_jaxlog.profiling.baselinefile import read, save
 from pytest_jaxlog.profiling.machine import Machine, this_machine
 from pytest_jaxlog.profiling.ratio import mann_whitney_counts, ratio_interval
 
@@ -32,7 +32,8 @@ import pytest_jaxlog.profiling.timeline  # noqa: E402,F401
 import pytest_jaxlog.store.hdf5  # noqa: E402,F401
 
 # a 96x96 matrix product per step: milliseconds of device work per run, well above jl.run's own; timed
-# against the plain step as a reference beside it, so the machine's load in either session cancels
+# against a reference beside it that shares no code with the kernel (its own product and elementwise
+# work), so the machine's load in either session cancels and the kernel's own slow-down does not
 KERNEL = """
 import jax.numpy as jnp
 
@@ -40,7 +41,7 @@ W = jnp.eye(96) * 0.5 + 0.001
 WORK = {work}
 
 def plain(x):
-    return jnp.tanh(W @ x)
+    return jnp.exp(-x * x) @ W
 
 def step(x):
     for _ in range(WORK):  # the slowed kernel does the step's work WORK times
@@ -112,17 +113,19 @@ def test_a_slowed_kernel_fails_the_comparison_and_the_same_kernel_passes(pyteste
         assert c["ratio"] == pytest.approx(math.exp((plain[17] + plain[18]) / 2))  # the median of 36 differences
         assert c["interval"] == pytest.approx([math.exp(plain[k - 1]), math.exp(plain[36 - k])])
     slow.stdout.fnmatch_lines(["*benchmarks compared with saved run 0001_base, failing beyond 50% slower: 2 slower, "
-                               "0 faster, 0 unchanged*", "*test*saved steps/s*now steps/s*time ratio*interval*verdict",
-                               "*test_k.py::test_*slower FAILED"])
+                               "0 not slower (0 of them faster), 0 cannot tell at x1.500; 0 not in the saved run*",
+                               "*test*saved steps/s*now steps/s*time ratio*interval*verdict*could detect",
+                               "*test_k.py::test_*slower FAILED*x*"])
     capsys.readouterr()
     assert main(["summary", "--markdown", str(pytester.path / ".jaxlog")]) == 0
     summary = capsys.readouterr().out
-    assert ("benchmarks compared with saved run 0001_base: 2 slower, 0 faster, 0 unchanged (interval holds 1); "
-            "0 not in the saved run (not compared)") in summary
-    assert "| test | saved steps/s | now steps/s | time ratio | interval | verdict |" in summary
-    ratio = entries["test_k.py::test_fast"]["benchmarks"][0]["compare"]["ratio"]
-    assert re.search(rf"\| `test_k.py::test_fast` \| [\d,.]+ \| [\d,.]+ \| x{ratio:.3f} \| \[[\d.]+, [\d.]+\] \| "
-                     r"slower FAILED \|", summary), summary
+    assert ("benchmarks compared with saved run 0001_base: 2 slower, 0 not slower (0 of them faster), 0 cannot tell "
+            "at x1.500; 0 not in the saved run (not compared)") in summary
+    assert "| test | saved steps/s | now steps/s | time ratio | interval | verdict | could detect |" in summary
+    compared = entries["test_k.py::test_fast"]["benchmarks"][0]["compare"]
+    assert compared["detectable"] == pytest.approx(1.5 * compared["ratio"] / compared["interval"][0])
+    assert re.search(rf"\| `test_k.py::test_fast` \| [\d,.]+ \| [\d,.]+ \| x{compared['ratio']:.3f} \| "
+                     rf"\[[\d.]+, [\d.]+\] \| slower FAILED \| x{compared['detectable']:.3f} \|", summary), summary
 
     pytester.makepyfile(test_k=KERNEL.format(work=1) + NEW_TEST)
     same = _session(pytester, "--jaxlog-benchmark-compare=last", "--jaxlog-benchmark-compare-fail=50")
@@ -130,8 +133,9 @@ def test_a_slowed_kernel_fails_the_comparison_and_the_same_kernel_passes(pyteste
     entries = _manifest(pytester)
     assert entries["test_k.py::test_new"]["benchmarks"][0]["compare"] == {"baseline": "0001_base", "missing": True}
     assert "benchmark 'benchmark': not in saved run 0001_base: not compared" in entries["test_k.py::test_new"]["notes"]
-    assert all(b["compare"]["interval"][0] <= 1.5 for n in ("test_k.py::test_fast", "test_k.py::test_two")
-               for b in entries[n]["benchmarks"])
+    assert all(b["compare"]["interval"][0] <= 1.5 and b["compare"]["verdict"] != "slower"
+               and b["compare"]["basis"] == "time relative to its reference"
+               for n in ("test_k.py::test_fast", "test_k.py::test_two") for b in entries[n]["benchmarks"])
     same.stdout.fnmatch_lines(["*; 1 not in the saved run (not compared)"])
     assert len(_files(pytester.path / "store")) == 1  # comparing saves nothing
 
@@ -274,15 +278,28 @@ def test_the_ratio_interval_covers_as_it_says():
         ratio_interval([1, 0, 3, 4], [1, 2, 3, 4])
 
 
-def test_a_comparison_fails_only_when_the_interval_clears_the_limit():
+def test_a_comparison_has_three_verdicts_and_fails_only_when_slower_or_asked():
+    """Four repeats against four: the Moses interval is then the range of the 16 ratios (k = 1, by
+    enumeration), so each verdict follows from the plain ratios between the two sessions' repeats."""
+    assert _moses_rank(4, 4) == 1
     saved = {"steps": 10, "samples": [[1.0, 1.1], [1.0], [1.2], [0.9]]}
-    same = compare({"steps": 10, "samples": [[1.05], [0.95], [1.1], [1.0]]}, saved, "0001_x", 10)
-    assert same.verdict == "unchanged" and not same.failed and same.limit == pytest.approx(1.1)
+    noisy = {"steps": 10, "samples": [[1.05], [0.95], [1.1], [1.0]]}
+    found = compare(noisy, saved, "0001_x", 10)
+    plain = sorted(a[0] / min(b) for a in noisy["samples"] for b in saved["samples"])
+    assert (found.interval.lo, found.interval.hi) == pytest.approx((plain[0], plain[-1]))  # [0.79, 1.22]: holds 1.1
+    assert found.verdict == "cannot tell" and not found.failed and found.limit == pytest.approx(1.1)
+    assert found.detectable == pytest.approx(1.1 * found.ratio / plain[0])
+    assert compare(noisy, saved, "0001_x", 10, fail_inconclusive=True).failed  # --jaxlog-benchmark-inconclusive=fail
+    assert not compare(noisy, saved, "0001_x", None, fail_inconclusive=True).failed  # compared, never failed
+    steady = {"steps": 10, "samples": [[1.0], [1.01], [0.99], [1.0]]}
+    same = compare({"steps": 10, "samples": [[1.0], [1.02], [0.98], [1.01]]}, steady, "0001_x", 10)
+    assert same.verdict == "not slower" and same.interval.hi <= 1.1 and not same.failed and not same.faster
     double = compare({"steps": 20, "samples": [[4.0], [4.2], [3.9], [4.1]]}, saved, "0001_x", 10)  # 2x per step
     assert double.failed and double.verdict == "slower" and double.interval.lo > 1.1
     assert double.ratio == pytest.approx(2.0, rel=0.1)
     faster = compare({"steps": 10, "samples": [[0.4], [0.45], [0.42], [0.41]]}, saved, "0001_x", None)
-    assert faster.verdict == "faster" and not faster.failed
+    assert faster.verdict == "not slower" and faster.faster and not faster.failed and faster.than == 1.10
+    assert faster.to_json()["verdict"] == "not slower" and faster.to_json()["faster"] is True
     assert issubclass(BenchmarkRegression, AssertionError) and issubclass(BenchmarkRegression, JaxlogError)
 
 
@@ -297,6 +314,13 @@ def test_against_a_reference_on_both_sides_the_load_cancels():
     slower = dict(saved, samples=[[3.0], [3.3], [2.7], [3.15]])
     found = compare(slower, saved, "0001_x", 10)
     assert found.failed and found.ratio == pytest.approx(3.0) and found.interval.lo == pytest.approx(3.0)
+    # a reference running the kernel's own program is slowed by the kernel's regression as much: the ratio
+    # to it would not move, so the times per step are compared and the basis says why
+    shared = dict(loaded, reference_shares="the reference runs the same program as the kernel's step")
+    own = compare(shared, saved, "0001_x", 10)
+    assert own.basis == ("time per step (not relative to its reference, which would cancel the kernel's own "
+                         "regressions: the reference runs the same program as the kernel's step)")
+    assert own.ratio == pytest.approx(2.0) and own.failed
 
 
 def test_a_benchmark_name_is_checked_before_timing(pytester):
@@ -316,3 +340,126 @@ def test_names(jaxlog):
     pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
     [entry] = _manifest(pytester).values()
     assert [b["name"] for b in entry["benchmarks"]] == ["one", "benchmark", "benchmark-1"]
+
+
+# three verdicts in the plugin ------------------------------------------------------------------
+
+TINY = """
+import jax.numpy as jnp
+
+def test_tiny(jaxlog):
+    jaxlog.benchmark(lambda x: x * 0.5, jnp.ones(8), 5, repeats=8, number=1)
+"""
+
+
+def _wide_saved_run(pytester, timer: str = "wall") -> None:
+    """A saved run written, not measured: half its repeats took a nanosecond per step, half a second,
+    so the ratio of any session's timings to it is somewhere in 10^-5..10^4: a comparison with it can
+    never tell, however many repeats."""
+    bench = {"name": "benchmark", "steps": 5, "samples": [[5e-9]] * 4 + [[5.0]] * 4,
+             "machine": this_machine().to_json(), "timer": timer}
+    save(pytester.path / "store", this_machine(), "wide", {"test_w.py::test_tiny": {"benchmarks": [bench], "costs": []}})
+
+
+def test_a_comparison_that_cannot_tell_repeats_shows_it_and_fails_only_when_asked(pytester, monkeypatch):
+    pytester.makepyfile(test_w=TINY)
+    _wide_saved_run(pytester)
+    args = ("--jaxlog-benchmark-compare=wide", "--jaxlog-benchmark-compare-fail=10")
+    shown = _session(pytester, *args, "--junitxml=j.xml")
+    shown.assert_outcomes(passed=1)
+    [entry] = _manifest(pytester).values()
+    [bench] = entry["benchmarks"]
+    # 8 repeats at a time, 4 looks (each at 98.75%), none could tell: 32 repeats
+    assert (bench["repeats"], bench["looks"], bench["stop_reason"]) == (32, 4, "max_repeats")
+    c = bench["compare"]
+    assert c["verdict"] == "cannot tell" and not c["failed"] and c["interval"][0] < 1.1 < c["interval"][1]
+    assert c["coverage"] >= 0.9875 and c["detectable"] == pytest.approx(1.1 * c["ratio"] / c["interval"][0])
+    shown.stdout.fnmatch_lines(["*benchmarks compared with saved run 0001_wide, failing beyond 10% slower: 0 slower, "
+                                "0 not slower (0 of them faster), 1 cannot tell at x1.100; 0 not in the saved run*",
+                                "*test_w.py::test_tiny * cannot tell *"])
+    props = dict(re.findall(r'<property name="([^"]+)" value="([^"]*)" />', (pytester.path / "j.xml").read_text()))
+    assert props["jaxlog.baseline_verdict"] == "cannot tell" and props["jaxlog.repeats"] == "32"
+    assert float(props["jaxlog.baseline_detectable"]) == pytest.approx(c["detectable"], rel=1e-5)
+
+    message = (r"E +pytest_jaxlog\.profiling\.baseline\.BenchmarkRegression: \[jaxlog\] cannot tell whether benchmark "
+               r"'benchmark' of test_w\.py::test_tiny is slower than saved run 0001_wide at this noise: .* which holds "
+               r"the 1\.100 allowed \(--jaxlog-benchmark-compare-fail=10\); the comparison could only have detected "
+               r"x[\d.e+]+ or more\. .*: --jaxlog-benchmark-inconclusive=pass$")
+    failing = _session(pytester, *args, "--jaxlog-benchmark-inconclusive=fail")
+    failing.assert_outcomes(failed=1)
+    failing.stdout.re_match_lines([message])
+    assert _manifest(pytester)["test_w.py::test_tiny"]["benchmarks"][0]["compare"]["failed"] is True
+    monkeypatch.setenv("JAXLOG_BENCHMARK_INCONCLUSIVE", "fail")
+    _session(pytester, *args).stdout.re_match_lines([message])
+    monkeypatch.delenv("JAXLOG_BENCHMARK_INCONCLUSIVE")
+    pytester.makeini("[pytest]\njaxlog_benchmark_inconclusive = fail\n")
+    _session(pytester, *args).assert_outcomes(failed=1)
+    _session(pytester, *args, "--jaxlog-benchmark-inconclusive=pass").assert_outcomes(passed=1)  # cli over ini
+    monkeypatch.setenv("JAXLOG_BENCHMARK_INCONCLUSIVE", "maybe")
+    _session(pytester, *args).stderr.fnmatch_lines(["*jaxlog benchmark_inconclusive (JAXLOG_BENCHMARK_INCONCLUSIVE="
+                                                    "maybe): expected one of pass|fail, got 'maybe'"])
+
+
+def test_a_saved_run_timed_by_another_timer_is_not_compared(pytester):
+    pytester.makepyfile(test_w=TINY)
+    _wide_saved_run(pytester, timer="cpu")
+    result = _session(pytester, "--jaxlog-benchmark-compare=wide", "--jaxlog-benchmark-compare-fail=10")
+    result.assert_outcomes(passed=1)
+    [entry] = _manifest(pytester).values()
+    assert entry["benchmarks"][0]["compare"] == {"baseline": "0001_wide", "other_timer": "cpu"}
+    assert entry["benchmarks"][0]["repeats"] == 8  # nothing to wait for: the fixed repeats
+    assert ("benchmark 'benchmark': timed by cpu time in saved run 0001_wide, by wall time now: not compared"
+            in entry["notes"])
+    result.stdout.fnmatch_lines(["*; 1 timed by another timer then (not compared)"])
+
+
+SCRIPTED = """
+import itertools
+import jax.numpy as jnp
+import pytest_jaxlog.drive.benchmark as bench
+
+def test_wide(jaxlog, monkeypatch):
+    # the clock replaced: the kernel's runs take 2 s, the reference's 1 s and 4 s in turn (ratios 2, 0.5)
+    streams = iter([itertools.cycle([2.0]), itertools.cycle([1.0, 4.0])])
+    monkeypatch.setattr(bench, "_timing", lambda call, timer: (lambda s=next(streams): next(s)))
+    found = jaxlog.benchmark(lambda x: x * 0.5, jnp.ones(8), 5, reference=lambda: 0, repeats=8, number=1)
+    assert (found.verdict, len(found.samples)) == ("cannot tell", 32)
+    found.assert_not_slower()
+"""
+
+
+def test_assert_not_slower_fails_on_cannot_tell_only_where_asked(pytester):
+    pytester.makepyfile(test_s=SCRIPTED)
+    shown = pytester.runpytest("-p", "no:cacheprovider", "--junitxml=j.xml")
+    shown.assert_outcomes(passed=1)
+    [entry] = _manifest(pytester).values()
+    [bench] = entry["benchmarks"]
+    # 32 ratios alternating 2 and 0.5: any interval beyond the two smallest or largest is [0.5, 2]
+    assert (bench["verdict"], bench["interval"], bench["than"]) == ("cannot tell", [0.5, 2.0], 1.1)
+    assert bench["detectable"] == pytest.approx(1.1 * 1.25 / 0.5) and bench["stop_reason"] == "max_repeats"
+    shown.stdout.fnmatch_lines([
+        "benchmark verdicts against their references: 0 slower, 0 not slower, 1 cannot tell at this noise",
+        "  cannot tell: test_s.py::test_wide: ratio 1.250, interval [[]0.500, 2.000] holds 1.1; could detect x2.75 "
+        "(32 repeats, max_repeats)"])
+    props = dict(re.findall(r'<property name="([^"]+)" value="([^"]*)" />', (pytester.path / "j.xml").read_text()))
+    assert (props["jaxlog.verdict"], props["jaxlog.detectable"]) == ("cannot tell", "2.75")
+    page = (pytester.path / ".jaxlog" / "report.html").read_text()
+    assert re.search(r'benchmark: 2\.5 vs reference <span class="badge cannot-tell" [^>]*>CANNOT TELL</span>', page)
+
+    failing = pytester.runpytest("-p", "no:cacheprovider", "--jaxlog-benchmark-inconclusive=fail")
+    failing.assert_outcomes(failed=1)
+    failing.stdout.re_match_lines([
+        r"E +pytest_jaxlog\.profiling\.timings\.TimingAssertionError: \[jaxlog\] cannot tell whether the kernel is "
+        r"slower than 1\.1x its reference at this noise: the ratio's 9\d\.\d% interval \[0\.500, 2\.000\] holds 1\.1; "
+        r".*could only have detected x2\.750 or more; .* \"cannot tell\" fails here because of "
+        r"--jaxlog-benchmark-inconclusive: --jaxlog-benchmark-inconclusive=pass$"])
+
+
+def test_the_flag_messages_name_is_the_plugins_option():
+    from pytest_jaxlog.harness.baselines import INCONCLUSIVE, OPTIONS
+    from pytest_jaxlog.profiling.verdict import INCONCLUSIVE_CHOICES, INCONCLUSIVE_FLAG
+
+    opt = OPTIONS["benchmark_inconclusive"]
+    assert (opt.flag_name, opt.env, opt.ini_name) == (INCONCLUSIVE_FLAG, "JAXLOG_BENCHMARK_INCONCLUSIVE",
+                                                      "jaxlog_benchmark_inconclusive")
+    assert INCONCLUSIVE == INCONCLUSIVE_CHOICES == opt.choices

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import pytest
 
 import pytest_jaxlog as jl
 
@@ -45,3 +46,25 @@ def test_the_log_benchmark_compares_the_programs_two_runs_compiled():
     bench = _script("log")
     state, step_log, step_aux, _, _ = bench.lj_steps(n_side=2)
     assert bench.same_chunk_program(state, step_log, step_aux) is True
+
+
+def test_the_false_alarm_campaign_runs_its_sessions_and_tables():
+    """benchmarks/false_alarms.py on a tiny sample (its campaign is hundreds of sessions): one A/A and
+    one 1.25x session in a worker process, both timers each, and its table and targets from them."""
+    bench = _script("false_alarms")
+    args = type("Args", (), {"base": 4, "steps": 2})()
+    phase = bench.Phase("quiet", {"A/A": 1, "1.25x": 1})
+    specs = bench._specs(phase, args)
+    assert [(s["case"], s["k"], s["timers"]) for s in specs] == [("A/A", 4, ["wall", "cpu"]), ("1.25x", 5, ["cpu", "wall"])]
+    found = bench._run_sessions(specs, {"repeats": 6, "number": 1, "than": 1.05}, batch=2)
+    assert [r["case"] for r in found] == ["A/A", "1.25x"]
+    for r in found:
+        for timer in ("wall", "cpu"):
+            got = r["results"][timer]
+            assert got["verdict"] in ("slower", "not slower", "cannot tell") and got["repeats"] == 6
+            assert got["lo"] <= got["ratio"] <= got["hi"] and got["detectable"] == pytest.approx(1.05 * got["ratio"] / got["lo"])
+    table = bench._table(found, [phase])
+    assert table[0].startswith("| load | timer | case | sessions | slower |") and len(table) == 2 + 4
+    assert table[2].startswith("| quiet | wall | A/A | 1 | ")
+    targets = bench._targets(found, judge=False)
+    assert targets[0].startswith("wall: false alarms (A/A 'slower'): ") and "not judged (--quick)" in targets[0]

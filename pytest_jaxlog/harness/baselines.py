@@ -2,6 +2,10 @@
 keeps every ``jaxlog.benchmark(...)`` of the session in a file of this machine's,
 ``--jaxlog-benchmark-compare=NAME|last|NNNN`` compares each with the same test's saved one, and
 ``--jaxlog-benchmark-compare-fail=PERCENT`` fails the test whose benchmark is slower beyond it.
+Every verdict is one of three: slower, not slower, or cannot tell at this noise; a benchmark that
+is compared repeats until the comparison can tell (or its repeats or time budget run out), and
+``--jaxlog-benchmark-inconclusive=fail`` makes a "cannot tell" fail where a gate was asked for
+(``assert_not_slower``, ``--jaxlog-benchmark-compare-fail``).
 
 Where the figures travel: each benchmark becomes part of its test's manifest entry (with the
 machine it ran on), so under xdist the workers' figures reach the controller with the teardown
@@ -22,9 +26,10 @@ from typing import Any, Callable, Iterable
 import pytest
 
 from ..errors import JaxlogError, JaxlogRuntimeWarning
-from .options import Option, lookup, what
+from .options import Option, lookup, parse_choice, what
 from .options import add_options as _add_options
 
+INCONCLUSIVE = ("pass", "fail")  # as profiling.verdict.INCONCLUSIVE_CHOICES (not imported at load)
 DEFAULT_STORAGE = "jaxlog-benchmarks"  # under pytest's cache directory (.pytest_cache/d/)
 OPTIONS: dict[str, Option] = {
     o.key: o
@@ -35,6 +40,10 @@ OPTIONS: dict[str, Option] = {
                "or last of this machine", metavar="NAME", ini=False),
         Option("benchmark_compare_fail", "none", "fail a test whose benchmark takes more than PERCENT longer than in the "
                "compared run (relative to its reference where both timed one), beyond the ratio's confidence interval", metavar="PERCENT", ini=False),
+        Option("benchmark_inconclusive", "pass", "what a benchmark verdict 'cannot tell' (the interval holds the "
+               "threshold: too noisy to decide) does: pass (shown in the terminal, report, manifest and JUnit) or "
+               "fail (in assert_not_slower of jaxlog.benchmark's results and under --jaxlog-benchmark-compare-fail)",
+               choices=INCONCLUSIVE),
         Option("benchmark_storage", "none", "directory of saved benchmark runs (default: jaxlog-benchmarks in pytest's "
                "cache directory)", metavar="DIR"),
     )
@@ -71,6 +80,10 @@ class Baselines:
         if self.percent is not None and self.compare_to is None:
             raise JaxlogError(f"{what('benchmark_compare_fail', fail)}: fails benchmarks slower than a saved run; "
                               f"name the run with {_flag('benchmark_compare')}=NAME (or last)")
+        inconclusive = _lookup(config, "benchmark_inconclusive")
+        self.inconclusive = parse_choice(str(inconclusive.value).strip().lower(), INCONCLUSIVE,
+                                         what("benchmark_inconclusive", inconclusive))
+        self.inconclusive_source = inconclusive.label if inconclusive.origin != "default" else None
         self.root = self._storage(config) if (self.save_name or self.compare_to) else None
         self._baseline: Any = None
         self.saved: list[Path] = []
@@ -97,9 +110,43 @@ class Baselines:
 
         return _unique(state, check_name(name, "jaxlog.benchmark(name=...)") if name is not None else None)
 
+    def decider(self, state: Any, name: str) -> Any:
+        """What keeps the test's next benchmark repeating while it is compared: a callable that holds
+        once the comparison with the saved run can tell (None: not compared, or not in the saved run).
+        The saved run is read here, before any timing, so a missing one fails at once."""
+        if self.compare_to is None:
+            return None
+        baseline = self._load()
+        saved = baseline.benchmark(state.nodeid, name)
+        if saved is None:
+            return None
+
+        def decided(result: Any) -> bool:
+            from ..profiling.baseline import compare
+            from ..profiling.verdict import CANNOT_TELL
+
+            entry = benchmark_entry(name, result, {})
+            if _timer(saved) != entry["timer"]:
+                return True  # not comparable: nothing to wait for
+            try:
+                return compare(entry, saved, baseline.label, self.percent, result.confidence).verdict != CANNOT_TELL
+            except JaxlogError:
+                return True  # said by note() once the benchmark is done
+        return decided
+
+    def settle(self, result: Any) -> Any:
+        """The benchmark as the test gets it: ``assert_not_slower`` fails on "cannot tell" where the
+        session asks (``--jaxlog-benchmark-inconclusive=fail``), naming where that was set."""
+        from dataclasses import replace
+
+        if self.inconclusive_source is None:
+            return result
+        return replace(result, inconclusive=self.inconclusive, inconclusive_source=self.inconclusive_source)
+
     def note(self, state: Any, name: str, result: Any) -> dict:
         """A benchmark the test made (``name`` from ``name_for``): into its manifest entry, compared
-        with the saved run when asked (``BenchmarkRegression`` when slower beyond the allowed percentage)."""
+        with the saved run when asked (``BenchmarkRegression`` when slower beyond the allowed
+        percentage, or when it cannot tell and the session fails those)."""
         from ..profiling.baseline import BenchmarkRegression, compare, failure_message
         from ..profiling.machine import this_machine
 
@@ -114,7 +161,13 @@ class Baselines:
             entry["compare"] = {"baseline": baseline.label, "missing": True}
             state.notes.append(f"benchmark {name!r}: not in saved run {baseline.label}: not compared")
             return entry
-        found = compare(entry, saved, baseline.label, self.percent)
+        if _timer(saved) != entry["timer"]:
+            entry["compare"] = {"baseline": baseline.label, "other_timer": _timer(saved)}
+            state.notes.append(f"benchmark {name!r}: timed by {_timer(saved)} time in saved run {baseline.label}, by "
+                               f"{entry['timer']} time now: not compared")
+            return entry
+        found = compare(entry, saved, baseline.label, self.percent, result.confidence,
+                        fail_inconclusive=self.inconclusive == "fail")
         entry["compare"] = found.to_json()
         state.notes.append(f"benchmark {name!r} against the saved run: {found.describe()}")
         if found.failed:
@@ -151,10 +204,15 @@ class Baselines:
             props += [(f"jaxlog.steps_per_s{tag}", f"{b['steps_per_s']:.6g}"), (f"jaxlog.repeats{tag}", str(b["repeats"]))]
             if b.get("ratio") is not None:
                 props += [(f"jaxlog.ratio{tag}", f"{b['ratio']:.6g}"), (f"jaxlog.ratio_interval{tag}", _pair(b["interval"]))]
+                if b.get("verdict") is not None:
+                    props += [(f"jaxlog.verdict{tag}", str(b["verdict"])),
+                              (f"jaxlog.detectable{tag}", _number(b.get("detectable")))]
             c = b.get("compare") or {}
             if c.get("ratio") is not None:
                 props += [(f"jaxlog.baseline{tag}", c["baseline"]), (f"jaxlog.baseline_ratio{tag}", f"{c['ratio']:.6g}"),
-                          (f"jaxlog.baseline_interval{tag}", _pair(c["interval"]))]
+                          (f"jaxlog.baseline_interval{tag}", _pair(c["interval"])),
+                          (f"jaxlog.baseline_verdict{tag}", str(c.get("verdict"))),
+                          (f"jaxlog.baseline_detectable{tag}", _number(c.get("detectable")))]
         for cost in state.costs:
             tag = "" if cost.get("name") is None else f"[{cost['name']}]"
             props += [(f"jaxlog.{m}{tag}", f"{cost['metrics'][m]:.6g}") for m in _COST_PROPERTIES
@@ -207,7 +265,7 @@ class Baselines:
                 lines += [f"saved {count} benchmarks as {display(p)}" for p in self.saved]
             elif not self.problems:
                 lines.append(f"no benchmark ran: nothing saved as {self.save_name!r}")
-        return lines + compared_lines(entries, limit=self.percent)
+        return lines + verdict_lines(entries) + compared_lines(entries, limit=self.percent)
 
 
 def benchmark_entry(name: str, result: Any, machine: dict) -> dict:
@@ -216,14 +274,54 @@ def benchmark_entry(name: str, result: Any, machine: dict) -> dict:
         "name": name, "steps": int(result.steps), "samples": [list(rep) for rep in result.samples],
         "steps_per_s": float(result.steps_per_s), "repeats": len(result.samples),
         "runs_per_repeat": max((len(rep) for rep in result.samples), default=0),
-        "ratio": None, "interval": None, "machine": machine,
+        "ratio": None, "interval": None, "machine": machine, "timer": result.timer, "looks": result.looks,
+        "stop_reason": result.stop_reason,
     }
     if result.interval is not None:
         iv = result.interval
         entry.update(ratio=float(result.ratio), interval=[iv.lo, iv.hi], coverage=iv.coverage,
                      reference_steps_per_s=result.reference_steps_per_s,
-                     reference_samples=[list(rep) for rep in result.reference_samples])
+                     reference_samples=[list(rep) for rep in result.reference_samples],
+                     than=result.than, verdict=result.verdict, detectable=_finite(result.detectable),
+                     reference_shares=result.reference_shares)
     return entry
+
+
+def verdict_lines(entries: Iterable[dict]) -> list[str]:
+    """The terminal summary's count of the session's benchmark verdicts against their references,
+    and each that could not tell (those must not pass unseen)."""
+    found = [(e["nodeid"], b) for e in entries for b in e.get("benchmarks") or ()
+             if isinstance(b, dict) and b.get("verdict") is not None]
+    if not found:
+        return []
+    verdicts = [b["verdict"] for _, b in found]
+    lines = [f"benchmark verdicts against their references: {verdicts.count('slower')} slower, "
+             f"{verdicts.count('not slower')} not slower, {verdicts.count('cannot tell')} cannot tell at this noise"]
+    for nodeid, b in found:
+        if b["verdict"] == "cannot tell":
+            label = nodeid if b.get("name") == "benchmark" else f"{nodeid} [{b.get('name')}]"
+            lines.append(f"  cannot tell: {label}: ratio {b['ratio']:.3f}, interval {_bracket(b['interval'])} holds "
+                         f"{b['than']:g}; could detect x{_number(b.get('detectable'))} ({b['repeats']} repeats, "
+                         f"{b.get('stop_reason')})")
+    return lines
+
+
+def _timer(entry: dict) -> str:
+    """The timer a benchmark entry was timed by (saved runs before there was a choice: wall)."""
+    return str(entry.get("timer") or "wall")
+
+
+def _finite(x: Any) -> float | None:
+    """A figure for JSON (which has no infinity): None where it is not finite."""
+    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+def _number(x: Any) -> str:
+    return f"{float(x):.6g}" if isinstance(x, (int, float)) else "inf"
+
+
+def _bracket(iv: Any) -> str:
+    return f"[{float(iv[0]):.3f}, {float(iv[1]):.3f}]"
 
 
 def _unique(state: Any, name: str | None) -> str:
