@@ -12,6 +12,8 @@ import json
 import os
 import re
 import sys
+import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
@@ -226,6 +228,8 @@ def cmd_info(args) -> int:
     leaves = [_leaf_info(traj, p) for p in traj.records]
     post = traj.postmortem or {}  # read before printing: a damaged or hostile attachment is exit 2
     checkpoints = traj.attachment_steps("checkpoint")  # listed, not read: a file may hold many large states
+    post_steps = sorted(post)
+    post_leaves = sorted({p for tree in post.values() for p in tree})
     desc = {
         "file": str(args.file),
         "status": getattr(traj, "status", None),
@@ -234,6 +238,7 @@ def cmd_info(args) -> int:
         "checkpoints": checkpoints,
         "violation": getattr(traj, "violation", None),
         "records": leaves,
+        "postmortem": {"steps": post_steps, "leaves": post_leaves},
         "provenance": getattr(traj, "provenance", None) or {},
     }
     if args.json:
@@ -248,7 +253,7 @@ def cmd_info(args) -> int:
     if v:
         msg = v.get("message") if isinstance(v, dict) else None
         if msg:
-            print(f"  violation: {msg.splitlines()[0]}")
+            _print_wrapped(f"  violation: {msg.splitlines()[0]}", "    ")
         else:
             print("  violation: " + ", ".join(f"{k}={v[k]}" for k in ("invariant", "record", "step", "system") if isinstance(v, dict) and v.get(k) is not None))
     else:
@@ -264,9 +269,8 @@ def cmd_info(args) -> int:
         shown = ", ".join(map(str, checkpoints[-8:])) + (f" ... {len(checkpoints)} in all" if len(checkpoints) > 8 else "")
         print(f"  checkpoints: steps {shown}{resumable}")
     if post:
-        steps = sorted(post)
-        paths = sorted({p for tree in post.values() for p in tree})
-        print(f"  postmortem states: steps {', '.join(map(str, steps))} ({', '.join(paths)})")
+        for line in _listing(f"  postmortem states: steps {', '.join(map(str, post_steps))}", post_leaves, "leaves"):
+            print(line)
     prov = desc["provenance"]
     if prov:
         print("  provenance:")
@@ -274,8 +278,35 @@ def cmd_info(args) -> int:
             val = prov[k]
             if isinstance(val, (dict, list)):
                 val = json.dumps(val, default=str)
-            print(f"    {k}: {val}")
+            _print_wrapped(f"    {k}: {val}", "      ")
     return 0
+
+
+INFO_WIDTH = 100  # columns `jaxlog info` writes within (a name longer than that alone excepted)
+_MAX_LISTED_LINES = 4  # a list wrapped onto more lines than this is summarised instead
+
+
+def _print_wrapped(text: str, indent: str) -> None:
+    """``text`` on lines of at most ``INFO_WIDTH`` columns, the later ones indented by ``indent``."""
+    print("\n".join(textwrap.wrap(text, INFO_WIDTH, subsequent_indent=indent, break_long_words=False,
+                                   break_on_hyphens=False)) or text)
+
+
+def _listing(head: str, names: list[str], what: str) -> list[str]:
+    """``head (a, b, c)`` on one line when it fits; else the names wrapped under ``head``, or, for a
+    list longer than a few lines (a big state's leaves), its count with its first and last names:
+    one line per leaf would bury the rest of the description (``--json`` has every name)."""
+    one = f"{head} ({', '.join(names)})"
+    if len(one) <= INFO_WIDTH:
+        return [one]
+    indent = " " * (len(head) - len(head.lstrip()) + 4)
+    lines = textwrap.wrap(", ".join(names), INFO_WIDTH, initial_indent=indent, subsequent_indent=indent,
+                          break_long_words=False, break_on_hyphens=False)
+    if len(lines) <= _MAX_LISTED_LINES:
+        return [f"{head}; {len(names)} {what}:", *lines]
+    ends = ", ".join([*names[:3], "...", *names[-2:]])
+    return textwrap.wrap(f"{head}; {len(names)} {what}: {ends} (--json lists them all)", INFO_WIDTH,
+                         subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
 
 
 def _parse_steps(text: str | None):
@@ -428,12 +459,12 @@ def cmd_plot(args) -> int:
         if not paths:
             raise UsageError(f"[jaxlog] {args.file} has no scalar records; name the records to plot")
     try:
-        import matplotlib
+        import matplotlib  # noqa: F401
     except ImportError:
         raise UsageError("[jaxlog] plot needs matplotlib, which is not installed: pip install 'pytest-jaxlog[plot]'") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from .check.records_plot import RecordsPlot, draw_records, title_of
 
     out = Path(args.output) if args.output else Path(args.file).with_name(f"{Path(args.file).stem}-plot.png")
     if out.is_dir():
@@ -447,56 +478,16 @@ def cmd_plot(args) -> int:
     if out.parent and not out.parent.exists():
         raise UsageError(f"[jaxlog] output directory {out.parent} does not exist")
 
-    fig, axes = plt.subplots(len(paths), 1, figsize=(8, 2.4 * len(paths) + 0.6), sharex=True, squeeze=False)
-    xlabel = "step"
-    for ax, path in zip(axes[:, 0], paths):
-        y = np.asarray(traj[path])
-        if y.dtype.kind == "V" or y.dtype.name == "bfloat16":
-            y = y.astype(np.float32)
-        if y.dtype.kind == "c":
-            y = np.abs(y)
-        x = np.asarray(traj.steps(path))
-        if args.time:
-            t = traj.time(path)
-            if t is None:
-                raise UsageError(f"[jaxlog] record {path!r} has no time (the run had no dt); plot against step")
-            x, xlabel = np.asarray(t), "time"
-        flat = y.reshape(len(y), -1).astype(np.float64)
-        if flat.shape[1] <= 8:
-            for j in range(flat.shape[1]):
-                ax.plot(x, flat[:, j], lw=1, label=None if flat.shape[1] == 1 else str(np.unravel_index(j, y.shape[1:])))
-            if flat.shape[1] > 1:
-                ax.legend(fontsize="x-small", ncol=4)
-        else:
-            with np.errstate(invalid="ignore"):
-                ax.fill_between(x, np.nanmin(flat, 1), np.nanmax(flat, 1), alpha=0.3, label="min..max")
-                ax.plot(x, np.nanmean(flat, 1), lw=1, label="mean")
-            ax.legend(fontsize="x-small")
-        ax.set_ylabel(path, fontsize="small")
-        ax.grid(alpha=0.3)
-        if args.mark_step is not None:
-            mark_step(ax, np.asarray(traj.steps(path)), x if args.time else None, args.mark_step)
-    axes[-1, 0].set_xlabel(xlabel)
-    status = getattr(traj, "status", None)
-    fig.suptitle(f"{Path(args.file).name}" + (f" ({status})" if status else ""), fontsize="medium")
-    fig.tight_layout()
+    fig = draw_records(RecordsPlot(traj, paths, time=args.time, mark_step=args.mark_step,
+                                   title=title_of(args.file, getattr(traj, "status", None))))
     fig.savefig(out, dpi=100)
-    plt.close(fig)
     print(f"wrote {out} ({len(paths)} record{'s' if len(paths) != 1 else ''})")
     return 0
-
-
-def mark_step(ax, steps: np.ndarray, time: np.ndarray | None, step: int) -> None:
-    """A dashed red line at ``step`` (at its time when the x axis is ``time``), as failure plots mark it."""
-    at = float(np.interp(step, steps, time)) if time is not None and len(steps) else float(step)
-    ax.axvline(at, color="tab:red", ls="--", lw=1, label=f"step {step}")
-    ax.legend(fontsize="x-small")
 
 
 # summary --------------------------------------------------------------------
 
 _PERFETTO_UI = "https://ui.perfetto.dev"
-_QUIET_OUTCOMES = ("passed", "skipped", "xfailed")
 
 
 def _manifests(roots: Sequence[str]) -> list[tuple[Path, dict]]:
@@ -533,55 +524,116 @@ def _run_line(r: dict) -> str:
     return f"run {r.get('name')}: {r.get('steps')} steps{wall}{rate}, {n} compile{'' if n == 1 else 's'}"
 
 
+@dataclass(frozen=True)
+class _Style:
+    """How a summary line is written: plain text for a CI log, or Markdown for a job summary."""
+
+    markdown: bool
+
+    @property
+    def head(self) -> str:
+        return "### " if self.markdown else ""
+
+    @property
+    def item(self) -> str:
+        return "- " if self.markdown else "  "
+
+    @property
+    def sub(self) -> str:
+        return "  - " if self.markdown else "      "
+
+    def code(self, text: object) -> str:
+        return f"`{text}`" if self.markdown else str(text)
+
+
+def _scope(doc: dict) -> str:
+    """Whose tests a manifest's counts are: its session's, or the shards' a merge joined."""
+    shards = doc.get("shards")
+    return f"the {len(shards)} merged sessions" if isinstance(shards, list) and len(shards) > 1 else "this session"
+
+
+def _entry_lines(t: dict, base: Path, style: _Style, badge: str = "") -> list[str]:
+    """A test's line (its outcome, id and ``badge``) and what a person acts on: error, violations,
+    runs, files."""
+    lines = [f"{style.item}{badge}{str(t.get('outcome', '?')).upper()} {style.code(t['nodeid'])}"]
+    if t.get("error"):
+        lines.append(f"{style.sub}error: {t['error']}")
+    for v in t.get("violations") or []:
+        msg = v.get("message") if isinstance(v, dict) else str(v)
+        if msg:
+            lines.append(f"{style.sub}violation: {msg.splitlines()[0]}")
+    for r in t.get("runs") or []:
+        if isinstance(r, dict):
+            lines.append(f"{style.sub}{_run_line(r)}")
+    for kind, rel in sorted((t.get("artifacts") or {}).items()):
+        where = _in_manifest(base, rel)
+        shown_path = _link(where) if style.markdown and manifest.is_plot(kind) else style.code(where)
+        lines.append(f"{style.sub}{kind}: {shown_path}")
+    return lines
+
+
+def _is_trace(kind: str, rel: object) -> bool:
+    return "trace" in kind or "timeline" in kind or str(rel).endswith((".pftrace", ".json.gz"))
+
+
+def _to_show(tests: list[dict]) -> list[dict]:
+    """The tests a summary details: those not passed, then those that kept artifacts, once each."""
+    return sorted({t["nodeid"]: t for t in tests if manifest.not_passed(t) or t.get("kept")}.values(),
+                  key=lambda t: (t.get("outcome") == "passed", t["nodeid"]))
+
+
 def _manifest_lines(path: Path, doc: dict, markdown: bool) -> tuple[list[str], int]:
-    h = "### " if markdown else ""
-    code = (lambda s: f"`{s}`") if markdown else (lambda s: str(s))
-    item, sub = ("- ", "  - ") if markdown else ("  ", "      ")
+    style = _Style(markdown)
     lines: list[str] = []
-    traces = 0
     base = path.parent
-    tests = [t for t in manifest.tests(doc) if not t.get("stale")]  # earlier sessions' entries: counted apart
-    bad = [t for t in tests if t.get("outcome") not in _QUIET_OUTCOMES]
+    tests = manifest.current_tests(doc)  # earlier sessions' entries (stale): shown apart, never counted here
+    bad = [t for t in tests if manifest.not_passed(t)]
     kept = [t for t in tests if t.get("kept")]
-    lines.append(f"{h}jaxlog: {base}")
-    lines.append(f"{len(tests)} jaxlog tests, {len(bad)} not passed, artifacts kept for {len(kept)} "
-                 f"(keep={manifest.settings(doc).get('keep')}); exit status {doc.get('exitstatus')}")
+    keep = manifest.settings(doc).get("keep")
+    lines.append(f"{style.head}jaxlog: {base}")
+    if tests:
+        lines.append(f"{len(tests)} jaxlog tests, {len(bad)} not passed, artifacts kept for {len(kept)} "
+                     f"(keep={keep}); exit status {doc.get('exitstatus')}")
+    else:
+        lines.append(f"no jaxlog test ran in {_scope(doc)} (keep={keep}); exit status {doc.get('exitstatus')}")
     if markdown:
         lines.append("")
-    shown = sorted({t["nodeid"]: t for t in bad + kept}.values(),
-                   key=lambda t: (t.get("outcome") == "passed", t["nodeid"]))
+    shown = _to_show(tests)
     for t in shown:
-        lines.append(f"{item}{str(t.get('outcome', '?')).upper()} {code(t['nodeid'])}")
-        if t.get("error"):
-            lines.append(f"{sub}error: {t['error']}")
-        for v in t.get("violations") or []:
-            msg = v.get("message") if isinstance(v, dict) else str(v)
-            if msg:
-                lines.append(f"{sub}violation: {msg.splitlines()[0]}")
-        for r in t.get("runs") or []:
-            if isinstance(r, dict):
-                lines.append(f"{sub}{_run_line(r)}")
-        for kind, rel in sorted((t.get("artifacts") or {}).items()):
-            if "trace" in kind or "timeline" in kind or str(rel).endswith((".pftrace", ".json.gz")):
-                traces += 1
-            where = _in_manifest(base, rel)
-            shown_path = _link(where) if markdown and manifest.is_plot(kind) else code(where)
-            lines.append(f"{sub}{kind}: {shown_path}")
+        lines += _entry_lines(t, base, style)
     goldens = [(g.get("status"), _in_manifest(base, g.get("path", ""))) for t in tests
                for g in t.get("goldens") or [] if g.get("status") in ("regenerated", "created")]
     for status, p in sorted(goldens):
-        lines.append(f"{item}{status} golden: {code(p)}")
-    carried = len(manifest.tests(doc)) - len(tests)
-    if carried:
-        lines.append(f"{item}{carried} tests not run in this session keep their earlier entries (stale)")
+        lines.append(f"{style.item}{status} golden: {style.code(p)}")
     lines += compared_lines(tests, markdown)
+    carried = manifest.stale_tests(doc)
+    lines += _stale_lines(carried, base, style, scope=_scope(doc))
     stale = manifest.stale(doc)
     if stale:
-        lines.append(f"{item}{len(stale)} artifact directories from an earlier session (stale), e.g. "
-                     f"{code(_in_manifest(base, stale[0].get('dir', '')))}")
+        lines.append(f"{style.item}{len(stale)} artifact directories from an earlier session (stale), e.g. "
+                     f"{style.code(_in_manifest(base, stale[0].get('dir', '')))}")
     if markdown:
         lines.append("")
+    traces = sum(1 for t in shown + _to_show(carried) for kind, rel in (t.get("artifacts") or {}).items()
+                 if _is_trace(kind, rel))
     return lines, traces
+
+
+def _stale_lines(carried: list[dict], base: Path, style: _Style, scope: str) -> list[str]:
+    """Earlier sessions' entries, apart from the counts above: per session how many and how many
+    not passed, then each one not passed or with kept files, badged with its session."""
+    if not carried:
+        return []
+    groups = manifest.by_session(carried)
+    lines = [f"{style.item}stale, not counted above: {len(carried)} tests not run in {scope} keep their "
+             f"earlier entries"]
+    for sid, group in groups.items():
+        lines.append(f"{style.sub}from session {style.code(sid)}: {len(group)} tests, "
+                     f"{sum(map(manifest.not_passed, group))} not passed")
+    for sid, group in groups.items():
+        for t in _to_show(group):
+            lines += _entry_lines(t, base, style, badge=f"STALE (session {style.code(sid)}) ")
+    return lines
 
 
 def _link(path: str) -> str:

@@ -22,6 +22,7 @@ from .errors import JaxlogAssertionError, JaxlogError
 from .record.schedule import check_step
 from .store import golden_info
 from .names import golden_name as golden_name  # re-exported: tests and users name it here
+from .paths import shown
 from .store.provenance import provenance
 
 REGEN_FLAG = "--jaxlog-regen"  # owned by the options table (harness/options.py, a layer above): a test keeps them equal
@@ -58,14 +59,10 @@ def as_trajectory(obj: Any):
 
 
 def display_path(path: str | os.PathLike | None) -> str:
-    """``path`` relative to the working directory when it lies below it (shorter messages)."""
+    """``path`` as the rest of the package shows paths (``paths.shown``): relative inside the project."""
     if path is None:
         return "(in memory)"
-    p = Path(path)
-    try:
-        return str(p.resolve().relative_to(Path.cwd().resolve()))
-    except (ValueError, OSError):
-        return str(p)
+    return shown(path)
 
 
 def select_records(names: Sequence[str] | str | None, *trajs) -> tuple[str, ...] | None:

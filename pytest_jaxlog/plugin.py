@@ -95,7 +95,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     run_errors.mark(report, call.excinfo)  # a usage error before a run's first step: pytest's error outcome
     item.stash.setdefault(REPORTS_KEY, {})[call.when] = report
     if call.when in ("setup", "call") and report.failed:
-        text = session.section(item)
+        text = session.section(item, call.excinfo)
         if text:
             report.sections.append(("jaxlog", text))
     if entry is not None:
@@ -160,6 +160,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if session is not None:
         session.release_sigterm()
         session.release_compile_cache()  # a session that ended before sessionfinish
+        session.release_project()
     for name in ("jaxlog-collector", "jaxlog-devices", "jaxlog-child-reports", "jaxlog-processes",
                  "jaxlog-distributed-child", "jaxlog-junit", "jaxlog-report"):
         registered = config.pluginmanager.get_plugin(name)

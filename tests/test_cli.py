@@ -221,3 +221,59 @@ def test_damaged_or_hostile_files_exit_2_without_a_traceback(files, tmp_path):
         assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
         assert r.stderr.startswith("[jaxlog] ") and message in r.stderr, (args, r.stderr)
     assert cli("info", tmp_path / "flipped.h5").returncode == 0  # info reads steps, not the values
+
+
+def test_info_keeps_a_big_post_mortem_state_within_the_width(tmp_path):
+    """An 84-leaf state's post-mortem leaves are counted and named by their first and last, not
+    printed as one 3,000-character line; every line stays within INFO_WIDTH; --json has them all."""
+    from pytest_jaxlog.cli import INFO_WIDTH
+
+    import jax.numpy as jnp
+
+    state = {f"particles_group_{i:02d}_positions": jnp.full(3, 1.0 + i) for i in range(84)}
+    path = tmp_path / "big.h5"
+    with pytest.raises(jl.InvariantViolation):
+        jl.run(lambda s: {k: v * 1.5 for k, v in s.items()}, state, 10, progress=False, sinks=[jl.HDF5Writer(path)],
+               record={"e": lambda s: jnp.sum(s["particles_group_00_positions"])},
+               invariants=[jl.conserved("e", rtol=0.01)])
+    r = cli("info", path)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert max(map(len, lines)) <= INFO_WIDTH, max(lines, key=len)
+    (head,) = [i for i, line in enumerate(lines) if "postmortem states:" in line]
+    text = " ".join(line.strip() for line in lines[head:head + 3])
+    assert text.startswith("postmortem states: steps 0, 1; 84 leaves: state/particles_group_00_positions, "
+                           "state/particles_group_01_positions, state/particles_group_02_positions, ..., "
+                           "state/particles_group_82_positions, state/particles_group_83_positions "
+                           "(--json lists them all)"), text
+    assert sum("particles_group_" in line for line in lines) <= 3  # summarised, not one line per leaf
+    assert any(line.startswith("  violation: [jaxlog] invariant conserved(e, rtol=0.01) violated at step 1")
+               for line in lines)
+    doc = json.loads(cli("info", "--json", path).stdout)
+    assert doc["postmortem"]["steps"] == [0, 1] and len(doc["postmortem"]["leaves"]) == 84
+
+
+def test_info_wraps_a_list_a_few_lines_long(tmp_path):
+    """A post-mortem state of a few leaves with long names wraps under its heading, each name whole."""
+    from pytest_jaxlog.cli import INFO_WIDTH
+
+    import jax.numpy as jnp
+
+    names = [f"a_rather_long_leaf_name_number_{i}" for i in range(5)]
+    path = tmp_path / "few.h5"
+    with pytest.raises(jl.InvariantViolation):
+        jl.run(lambda s: {k: v * 1.5 for k, v in s.items()}, {n: jnp.ones(2) for n in names}, 10, progress=False,
+               sinks=[jl.HDF5Writer(path)], record={"e": lambda s: jnp.sum(s[names[0]])},
+               invariants=[jl.conserved("e", rtol=0.01)])
+    r = cli("info", path)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert max(map(len, lines)) <= INFO_WIDTH
+    (head,) = [i for i, line in enumerate(lines) if "postmortem states:" in line]
+    assert lines[head] == "  postmortem states: steps 0, 1; 5 leaves:"
+    body = []
+    for line in lines[head + 1:]:
+        if not line.startswith("      state/"):
+            break
+        body.append(line.strip())
+    assert 2 <= len(body) <= 4 and " ".join(body) == ", ".join(f"state/{n}" for n in names), body

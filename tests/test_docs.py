@@ -165,3 +165,44 @@ def test_the_benchmark_script_rewrites_the_performance_page(tmp_path):
     module.write_page("| a | new | table |")
     before, after = page.split(module.BEGIN)[0], page.split(module.END)[1]
     assert copy.read_text() == f"{before}{module.BEGIN}\n| a | new | table |\n{module.END}{after}"
+
+
+def _between(text: str, name: str) -> str:
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    assert text.count(begin) == 1 and text.count(end) == 1, name
+    return text.split(begin, 1)[1].split(end, 1)[0]
+
+
+def _keyword_only(fn) -> set[str]:
+    import inspect
+
+    return {p.name for p in inspect.signature(fn).parameters.values() if p.kind is p.KEYWORD_ONLY}
+
+
+def test_the_fixture_page_lists_every_keyword_of_jaxlog_run_and_resume():
+    """The table of the fixture's own keywords is its signatures' (``timeline=`` the fixture takes
+    out of the keywords it passes on), and the keywords said to pass unchanged are the rest of
+    ``jl.run``'s and ``jl.resume``'s: a keyword added to either side without its line fails here."""
+    from pytest_jaxlog.harness.fixture import JaxlogFixture
+
+    page = (DOCS / "plugin-and-ci.md").read_text()
+    rows = re.findall(r"^\| `(\w+)=` \| ([a-z, ]+) \| .+ \|$", _between(page, "fixture-keywords"), flags=re.M)
+    table = {side: {kw for kw, where in rows if side in where.split(", ")} for side in ("run", "resume")}
+    own = {"run": _keyword_only(JaxlogFixture.run) | {"timeline"},
+           "resume": _keyword_only(JaxlogFixture.resume) | {"timeline"}}
+    assert table == own
+    assert "name" in table["run"] and "name" in table["resume"]
+    listed = {name: set(re.findall(r"`(\w+)=`", _between(page, f"fixture-{name}-passes"))) for name in ("run", "resume")}
+    assert listed["run"] == _keyword_only(pytest_jaxlog.run) - own["run"]
+    assert listed["resume"] == _keyword_only(pytest_jaxlog.resume) - own["resume"]
+    assert _keyword_only(pytest_jaxlog.run) <= listed["run"] | own["run"]  # every keyword of jl.run is on the page
+
+
+def test_the_readme_lists_every_example():
+    """The README's list of examples is the example suite's files, each linked, none missing or extra."""
+    readme = (ROOT / "README.md").read_text()
+    listed = re.findall(r"^- \[`(test_\w+\.py)`\]\(examples/(test_\w+\.py)\): \S", _between(readme, "examples"),
+                        flags=re.M)
+    assert all(a == b for a, b in listed), listed
+    assert sorted(a for a, _ in listed) == sorted(p.name for p in (ROOT / "examples").glob("test_*.py"))
+    assert len(listed) == len({a for a, _ in listed})

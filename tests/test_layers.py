@@ -21,13 +21,13 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pytest_jaxlog"
 
-RANK = {"errors": 0, "names": 0, "record": 1, "logs": 2, "check": 3, "store": 3, "profiling": 3, "drive": 4, "golden": 4,
+RANK = {"errors": 0, "names": 0, "paths": 0, "record": 1, "logs": 2, "check": 3, "store": 3, "profiling": 3, "drive": 4, "golden": 4,
         "cli": 5, "harness": 5, "plugin": 6, "__main__": 7}
 HEAVY = ("jax", "jaxlib", "numpy", "h5py", "perfetto", "ml_dtypes")
 
 # what only some parts of the package may do (names of layers, folders or top-level modules)
 PYTEST_ALLOWED = ("harness", "plugin")  # the pytest side; the core never imports pytest
-NO_JAX_AT_LOAD = ("errors", "names", "record", "check", "store", "profiling", "golden")  # importable without starting jax
+NO_JAX_AT_LOAD = ("errors", "names", "paths", "record", "check", "store", "profiling", "golden")  # importable without starting jax
 IMPORT_FUNCTIONS = ("import_module", "__import__")  # importlib.import_module(...), __import__(...)
 
 
@@ -146,7 +146,7 @@ def starts_heavy(path: Path, root: Path = PACKAGE) -> list[str]:
     directly or through a package layer that needs them."""
     heavy = [f"line {line}: {m}" for line, m in _imports(path, True, root) if m.split(".")[0] in HEAVY]
     heavy += [f"line {line}: {m} (a layer that needs jax at load)" for line, m in _imports(path, True, root)
-              if _target_layer(m) not in (None, "errors", "harness")]
+              if _target_layer(m) not in (None, "errors", "paths", "harness")]
     return heavy
 
 

@@ -96,7 +96,9 @@ def test_manifest_paths_setup_errors_and_run_timings(pytester):
     assert set(runs) == {"trajectory", "short"}
     assert runs["trajectory"]["steps"] == 30 and runs["short"]["steps"] == 8
     for r in runs.values():
-        assert r["wall_s"] > 0 and r["steps_per_s"] > 0 and r["status"] == "complete"
+        assert r["wall_s"] > 0 and r["status"] == "complete"
+    # a rate needs MIN_TIMED_STEPS (10) work steps: the 30-step run has one, the 8-step run none (null)
+    assert runs["trajectory"]["steps_per_s"] > 0 and runs["short"]["steps_per_s"] is None
     # the 8-step run of the same kernel and records runs the program the 30-step run compiled
     assert runs["trajectory"]["compiles"] == 1 and runs["short"]["compiles"] == 0
     assert tests["test_timed"]["compiles"] == sum(r["compiles"] for r in runs.values())
@@ -105,6 +107,8 @@ def test_manifest_paths_setup_errors_and_run_timings(pytester):
     section = result.stdout.str().split("_ test_timed _")[1].split("- jaxlog -")[1]
     assert "runs:\n  trajectory: 30 steps in " in section and "  short: 8 steps in " in section
     assert " steps/s, 1 compile (complete)" in section
+    (short,) = [line for line in section.splitlines() if line.startswith("  short: ")]
+    assert short.endswith(" s, 0 compiles, 1 reused (complete)") and "steps/s" not in short, short
 
 
 STALE = """

@@ -103,14 +103,16 @@ def test_fixture_runs_violations_sections_and_junit(pytester):
     result = pytester.runpytest("--junitxml=out.xml", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=4, failed=1, errors=1)
     text = result.stdout.str()
-    # a violation in a fixture (setup error) gets the jaxlog section too
-    result.stdout.fnmatch_lines(["*ERROR at setup of test_uses_exploded*", "*- jaxlog -*", "violation: *conserved(energy*",
-                                 "artifacts: .jaxlog/test_suite.test_uses_exploded",
-                                 "  trajectory: .jaxlog/test_suite.test_uses_exploded/trajectory.h5"])
+    # a violation in a fixture (setup error) gets the jaxlog section too; the message above it names
+    # the files, so the section does not repeat them
+    result.stdout.fnmatch_lines(["*ERROR at setup of test_uses_exploded*", "E *conserved(energy*",
+                                 "E *  trajectory: .jaxlog/test_suite.test_uses_exploded/trajectory.h5",
+                                 "*- jaxlog -*", "artifacts: .jaxlog/test_suite.test_uses_exploded", "runs:"])
     # the violation fails the test as a failure with the invariant's message, and a jaxlog section
-    result.stdout.fnmatch_lines(["*InvariantViolation*conserved(energy*", "*- jaxlog -*", "violation: *conserved(energy*",
-                                 "artifacts: .jaxlog/test_suite.test_violation",
-                                 "  trajectory: .jaxlog/test_suite.test_violation/trajectory.h5"])
+    result.stdout.fnmatch_lines(["*InvariantViolation*conserved(energy*",
+                                 "E *  trajectory: .jaxlog/test_suite.test_violation/trajectory.h5",
+                                 "*- jaxlog -*", "artifacts: .jaxlog/test_suite.test_violation", "runs:"])
+    assert text.count(".jaxlog/test_suite.test_violation/trajectory.h5") == 1
     assert "FAILED test_suite.py::test_violation" in text
     props = _props(pytester.path / "out.xml")
     vprops, vtags = props["test_violation"]
@@ -236,15 +238,21 @@ def test_direct(jaxlog, tmp_path):
     )
     result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly")
     result.assert_outcomes(failed=2)
-    direct = result.stdout.str().split("_ test_direct _")[1].split("- jaxlog -")[1].split("artifacts:")[0]
-    assert "violation: [jaxlog] invariant conserved(energy" in direct and "mine.h5" in direct
-    assert ".jaxlog/" not in direct
-    # the violation names the violating run's files (trajectory-1), not the first run's
-    result.stdout.fnmatch_lines(["*- jaxlog -*", "violation: *conserved(energy, rtol=0.1) violated at step 1*",
-                                 "  trajectory: .jaxlog/test_r.test_loop/trajectory-1.h5",
-                                 "artifacts: .jaxlog/test_r.test_loop", "  trajectory: *trajectory.h5"])
-    section = result.stdout.str().split("- jaxlog -")[1].split("artifacts:")[0]
-    assert "test_r.test_loop/trajectory.h5" not in section and "trajectory-1.pftrace" in section
+    direct = result.stdout.str().split("_ test_direct _")[1]
+    message, section = direct.split("- jaxlog -")[:2]
+    assert "E       pytest_jaxlog.check.violation.InvariantViolation: [jaxlog] invariant conserved(energy" in message
+    assert "mine.h5" in message and ".jaxlog/" not in message  # the test's own run: its files, not the fixture's
+    assert "violation:" not in section and "mine.h5" not in section  # said once, under E
+    # the violation names the violating run's files (trajectory-1), not the first run's; the section
+    # lists only the test's other files
+    result.stdout.fnmatch_lines(["E *conserved(energy, rtol=0.1) violated at step 1*",
+                                 "E *  trajectory: .jaxlog/test_r.test_loop/trajectory-1.h5",
+                                 "E *  timeline: .jaxlog/test_r.test_loop/trajectory-1.pftrace",
+                                 "*- jaxlog -*", "artifacts: .jaxlog/test_r.test_loop",
+                                 "  trajectory: .jaxlog/test_r.test_loop/trajectory.h5",
+                                 "  timeline: .jaxlog/test_r.test_loop/trajectory.pftrace", "runs:"])
+    loop = result.stdout.str().split("_ test_loop _")[1].split("_ test_direct _")[0]
+    assert loop.count("trajectory-1.h5") == 1 and loop.count("test_r.test_loop/trajectory.h5") == 1
     assert jl.load(pytester.path / ".jaxlog/test_r.test_loop/trajectory-1.h5").status == "violated"
     doc = json.loads((pytester.path / ".jaxlog/manifest.json").read_text())
     (violation,) = {e["nodeid"]: e for e in doc["tests"]}["test_r.py::test_loop"]["violations"]

@@ -63,7 +63,10 @@ def test_a_subset_keeps_the_evidence_of_the_tests_it_does_not_run(pytester, monk
     # the summary counts this session's tests and the stale ones apart
     text = summarize([(base / "manifest.json", third)], markdown=False)
     assert "1 jaxlog tests, 0 not passed" in text
-    assert "2 tests not run in this session keep their earlier entries (stale)" in text
+    assert "stale, not counted above: 2 tests not run in this session keep their earlier entries" in text
+    assert f"from session {second['session']}: 1 tests, 0 not passed" in text
+    assert f"from session {first['session']}: 1 tests, 1 not passed" in text
+    assert f"STALE (session {first['session']}) FAILED test_s.py::test_b" in text
     assert "1 artifact directories from an earlier session (stale), e.g. " in text
 
     # the cleaning option (here from the environment): the stale directories and entries go

@@ -271,7 +271,7 @@ def test_timings_json_roundtrip_and_properties():
     assert back.compile_events == t.compile_events
     np.testing.assert_array_equal(back.window, t.window)
     assert str(t.compile_events[0]) == "step(f32[3]) [500.0 ms]"
-    assert Timings(wall_s=0.0, steps=0).steps_per_s == 0.0
+    assert math.isnan(Timings(wall_s=0.0, steps=0).steps_per_s)  # too short to time: no rate
 
 
 def test_eager_ops_exclude_signatures_and_timeline(tmp_path):
@@ -351,3 +351,23 @@ def test_throughput_leaves_compilation_out():
     assert cold.s_per_step == warm.s_per_step == 0.005
     cold.assert_faster_than(warm, 1.0)
     warm.assert_overhead(cold, at_most=1.0)
+
+
+def test_a_run_too_short_to_time_has_no_rate():
+    """Fewer than MIN_TIMED_STEPS work steps: the time is mostly the run's fixed costs, so there is no
+    rate (NaN, null in JSON), and a comparison with such a run says so instead of judging overhead."""
+    from pytest_jaxlog.profiling.timings import MIN_TIMED_STEPS
+
+    assert MIN_TIMED_STEPS == 10
+    short, enough = Timings(wall_s=0.4, steps=MIN_TIMED_STEPS - 1), Timings(wall_s=0.4, steps=MIN_TIMED_STEPS)
+    assert not short.timed and math.isnan(short.steps_per_s) and math.isnan(short.s_per_step)
+    assert enough.timed and enough.steps_per_s == MIN_TIMED_STEPS / 0.4 and enough.s_per_step == 0.04
+    assert short.to_json()["steps_per_s"] is None and enough.to_json()["steps_per_s"] == 25.0
+    with pytest.raises(jl.TimingAssertionError, match=r"^\[jaxlog\] cannot compare the throughput: this run is too "
+                       r"short to time \(a rate needs at least 10 work steps; it did 9 in 0\.4 s of stepping\)$"):
+        short.assert_faster_than(enough)
+    with pytest.raises(jl.TimingAssertionError, match=r"cannot compare the time per step: the reference run is too "
+                       r"short to time"):
+        enough.assert_overhead(short, at_most=2.0)
+    one = jl.run(lambda x: x * 0.5, jnp.ones(3), 1, record={"x": lambda x: x}, progress=False)
+    assert one.timings.steps == 1 and not one.timings.timed and math.isnan(one.timings.steps_per_s)

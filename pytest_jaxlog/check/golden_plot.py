@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .plot import new_figure, save_figure
+from .plot import new_figure, point_style, save_figure, step_axis
 
 MAX_RECORDS = 3  # differing records drawn at most (the first ones the comparison reports)
 DRAWN = ("values", "steps")  # kinds of difference that have two series to draw
@@ -85,13 +85,13 @@ def _draw_record(left: Any, right: Any, obtained: Any, golden: Any, d: Any, diff
     a_steps, e_steps = np.asarray(obtained.steps(d.path)), np.asarray(golden.steps(d.path))
     a, e = series(obtained[d.path], index), series(golden[d.path], index)
     label = element_label(d.path, index, batched)
-    left.plot(e_steps, e, color="0.45", lw=2.2, label="golden")
-    left.plot(a_steps, a, color="tab:blue", lw=1.0, label="obtained")
+    left.plot(e_steps, e, color="0.45", lw=2.2, label="golden", **point_style(len(e_steps)))
+    left.plot(a_steps, a, color="tab:blue", lw=1.0, label="obtained", **point_style(len(a_steps)))
     common, ai, ei = np.intersect1d(a_steps, e_steps, return_indices=True)
     with np.errstate(invalid="ignore", over="ignore"):
         err = np.abs(a[ai] - e[ei])
         tol = diff.atol + diff.rtol * np.abs(e[ei])
-    right.plot(common, err, color="tab:red", lw=1.0, label="|obtained - golden|")
+    right.plot(common, err, color="tab:red", lw=1.0, label="|obtained - golden|", **point_style(len(common)))
     right.plot(common, tol, color="tab:green", lw=1.0, ls=":", label="tolerance")
     if np.nanmax(np.where(np.isfinite(err), err, np.nan), initial=0.0) > 0:
         right.set_yscale("symlog", linthresh=max(float(np.nanmin(np.where(err > 0, err, np.inf))), 1e-300))
@@ -99,6 +99,7 @@ def _draw_record(left: Any, right: Any, obtained: Any, golden: Any, d: Any, diff
         if d.step is not None:
             ax.axvline(d.step, color="tab:red", ls="--", lw=1, label=f"first difference, step {d.step}")
         ax.set_xlabel("step")
+        step_axis(ax, [*a_steps, *e_steps])
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="best")
     left.set_ylabel(label, fontsize=8)

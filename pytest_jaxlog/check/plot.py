@@ -25,6 +25,9 @@ INSTALL_PLOT = "pip install 'pytest-jaxlog[plot]' (matplotlib)"
 #: What a failure says when matplotlib is missing.
 HOW_TO_PLOT = f"{INSTALL_PLOT} to get a plot of each failing invariant"
 MAX_LINES = 16  # elements of a non-scalar record drawn at most
+#: Series of at most this many points get a marker on each point: a failure at step 1 has two
+#: frames and a one-frame record a single point, which a line alone would not show.
+MARKERS_UP_TO = 60
 
 _WINDOW = re.compile(r"^(?P<reduce>\w+) over .*?: \d+ frames? at steps? (?P<lo>-?\d+)(?:\.\.(?P<hi>-?\d+))?")
 _BOUND = re.compile(r"^(?:in \[(?P<lo>[^,\]]+), (?P<hi>[^\]]+)\]|>= (?P<ge>\S+)|<= (?P<le>\S+))$")
@@ -65,6 +68,27 @@ def save_figure(fig: Any, path: str | os.PathLike) -> Path:
     return path
 
 
+def point_style(n: int) -> dict[str, Any]:
+    """Keyword arguments of ``Axes.plot`` for a series of ``n`` points: a marker on each point when
+    they are few enough to tell apart, bigger for a lone one, so a short record reads at a glance."""
+    if n > MARKERS_UP_TO:
+        return {}
+    return {"marker": "o", "markersize": 6 if n == 1 else 3.5}
+
+
+def step_axis(ax: Any, steps: Any) -> None:
+    """Ticks at whole steps only (steps are integers: a tick at step 0.25 names nothing), and half
+    a step either side of a record whose frames span less than two steps, so its points sit inside
+    the panel, not on its edges."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+    found = np.asarray(steps, dtype=np.float64).ravel()
+    found = found[np.isfinite(found)]
+    if found.size and found.max() - found.min() < 2:
+        ax.set_xlim(found.min() - 0.5, found.max() + 0.5)
+
+
 def draw_violation(trajectory: Any, violation: Any) -> Any:
     """The violation's figure (a ``matplotlib.figure.Figure`` on an Agg canvas)."""
     fig = new_figure(8, 4.5, "the violation")
@@ -75,7 +99,8 @@ def draw_violation(trajectory: Any, violation: Any) -> Any:
     element = "" if violation.index is None else "[" + ", ".join(map(str, violation.index)) + "]"
     label = record + element + ("" if violation.system is None else f" (system {violation.system})")
     for j in range(values.shape[1]):
-        ax.plot(steps, values[:, j], lw=1.2 if values.shape[1] == 1 else 0.8, label=label if j == 0 else None)
+        ax.plot(steps, values[:, j], lw=1.2 if values.shape[1] == 1 else 0.8, label=label if j == 0 else None,
+                **point_style(len(steps)))
     _reference(ax, violation)
     _aggregate_window(ax, violation)
     bad = violation.step
@@ -84,6 +109,7 @@ def draw_violation(trajectory: Any, violation: Any) -> Any:
     if value is not None and math.isfinite(value):
         ax.plot([bad], [value], "o", color="tab:red", ms=6)
     ax.set_xlabel("step")
+    step_axis(ax, [*steps, bad])
     ax.set_ylabel(record)
     ax.set_title(_wrap(str(violation).splitlines()[0]), fontsize=9)
     ax.legend(fontsize=8, loc="best")

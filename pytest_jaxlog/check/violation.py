@@ -97,8 +97,12 @@ class InvariantViolation(JaxlogAssertionError):
     def __str__(self) -> str:
         return self.args[0] if self.args else self._message()
 
-    def with_artifacts(self, artifacts: dict[str, Any]) -> "InvariantViolation":
-        """Add the files where the evidence lives (trajectory, trace) and refresh the message."""
+    def with_artifacts(self, artifacts: dict[str, Any], *, replace: bool = False) -> "InvariantViolation":
+        """Add the files where the evidence lives (trajectory, trace) and refresh the message;
+        ``replace=True``: these files instead of those named so far (the pytest plugin names the
+        ones a person opens, as paths relative to the project, in place of the driver's)."""
+        if replace:
+            self.artifacts.clear()
         self.artifacts.update(artifacts or {})
         self.args = (self._message(),)
         return self

@@ -8,7 +8,9 @@ are imported inside the methods that run kernels.
 
 from __future__ import annotations
 
+import contextlib
 import re
+import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +18,7 @@ from typing import Any
 
 from ..errors import JaxlogError, JaxlogRuntimeWarning
 from .options import Settings, parse_profile
-from .session import JaxlogSession, TestState
+from .session import PROFILE_DETAILS, JaxlogSession, TestState
 
 _UNSET: Any = object()
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")
@@ -156,7 +158,8 @@ class JaxlogFixture:
         try:
             written = tl.write(pending.path)
         except Exception as e:  # a broken trace must not hide the test's own outcome: warned, not raised
-            warnings.warn(JaxlogRuntimeWarning(f"[jaxlog] could not write timeline {pending.path}: {e!r}"), stacklevel=3)
+            warnings.warn(JaxlogRuntimeWarning(
+                f"[jaxlog] could not write timeline {self._session.display(pending.path)}: {e!r}"), stacklevel=3)
             return
         self._add({"timeline": Path(written or pending.path)}, pending.name)
 
@@ -173,10 +176,17 @@ class JaxlogFixture:
         if violation is None:
             return
         self._plot(violation, name)
+        self._name_files(violation, name)
+        self._state.note_violation(violation, self._run_files(name))
+
+    def _name_files(self, violation: Any, name: str) -> None:
+        """The message names the files a person opens, once each, as the session shows paths: the
+        manifest lists every file (the JAX profile's other forms and folder included), and the
+        test's report section names only what the message does not."""
         files = self._run_files(name)
         if files and hasattr(violation, "with_artifacts"):
-            violation.with_artifacts({k: self._session.display(p) for k, p in files.items()})
-        self._state.note_violation(violation, files)
+            violation.with_artifacts({k: self._session.display(p) for k, p in files.items()
+                                      if k not in PROFILE_DETAILS}, replace=True)
 
     def _plot(self, violation: Any, name: str) -> None:
         """A PNG of the violation beside its run's files (manifest artifact ``plot``); without
@@ -237,20 +247,26 @@ class JaxlogFixture:
         result = outcome.run  # on an error (InvariantViolation, a test failure, or anything else): the partial run
         if outcome.error is not None and result is None:  # raised before the run was made: its arguments
             outcome.error.jaxlog_before_start = True  # type: ignore[attr-defined]
-        if window is not None and window.note:  # a window the run stopped before (until=): no phantom steps
-            self._state.notes.append(f"run {self._label(name)!r}: {window.note}")
-        if outcome.error is None:
-            _reemit(caught)
+        note = _stopped_before(window, result)
+        if note is None and window is not None:
+            note = window.note  # a window the run stopped inside (until=): no phantom steps
+        if note:
+            self._state.notes.append(f"run {self._label(name)!r}: {note}")
         self._collect(writer, window, result, name)
         if own_timeline:
             self._write_timeline(timeline)
         self._note_timings(result, name)
+        for w in caught:  # on_violation="warn": the warning names the files as the failure would
+            warned = getattr(w.message, "violation", None)
+            if isinstance(warned, InvariantViolation):
+                self._name_files(warned, name)
         if outcome.error is not None:
             if isinstance(outcome.error, InvariantViolation):
                 self._note_violation(outcome.error, name)
             _reemit(caught)
             raise outcome.error
         self._note_violation(result.violation, name)
+        _reemit(caught)
         self.runs.append(result)
         return result
 
@@ -384,13 +400,16 @@ class JaxlogFixture:
     def benchmark(self, step: Any, state: Any, steps: int, *, reference: Any = None, name: str | None = None,
                   **kwargs: Any) -> Any:
         """``jl.benchmark`` (warm timings, interleaved with ``reference``'s, with a confidence interval on the
-        ratio); its figures go into the test's report section and manifest entry, saved and compared across
-        sessions by ``--jaxlog-benchmark-save/-compare`` under ``name`` (default ``benchmark``, ``benchmark-1``...)."""
+        ratio and a verdict); its figures go into the test's report section and manifest entry, saved and compared
+        across sessions by ``--jaxlog-benchmark-save/-compare`` under ``name`` (default ``benchmark``,
+        ``benchmark-1``...). Compared, it repeats until the comparison can tell too."""
         from ..drive.benchmark import benchmark
 
         __tracebackhide__ = True
-        name = self._session.baselines.name_for(self._state, name)
-        result = benchmark(step, state, steps, reference=reference, **kwargs)
+        baselines = self._session.baselines
+        name = baselines.name_for(self._state, name)
+        result = baselines.settle(benchmark(step, state, steps, reference=reference,
+                                            decided=baselines.decider(self._state, name), **kwargs))
         self._state.notes.append(f"benchmark: {result.describe()}")
         self._session.baselines.note(self._state, name, result)
         return result
@@ -455,11 +474,35 @@ def file_stem(name: str) -> str:
     return f"{name[:80]}-{hashlib.sha1(name.encode()).hexdigest()[:10]}"
 
 
+def _stopped_before(window: Any, result: Any) -> str | None:
+    """A run stopped (a violation, ``until=``) before its profile window's first step: the device may
+    have run window steps past the stop (chunks are dispatched ahead), but the run's result ends
+    before them, so their trace is removed and a note says why there is none; None otherwise."""
+    done = getattr(result, "steps_done", None)
+    if window is None or not isinstance(done, int) or window.start <= done or not window.reached:
+        return None  # reached, or known unreached (the window's own note says so and it kept nothing)
+    if window.session_dir is not None:
+        shutil.rmtree(window.session_dir, ignore_errors=True)  # what is left of it is not listed (_collect)
+    with contextlib.suppress(OSError):
+        window.dir.rmdir()  # the window's folder, when nothing else is in it
+    reason = getattr(result, "stop_reason", None) or getattr(result, "status", None)
+    return (f"profile window {window.start}:{window.stop} not reached: the run stopped at step {done}"
+            f"{f' ({reason})' if reason else ''}; no trace kept")
+
+
 def _reemit(caught: list) -> None:
     """Warnings caught around a ``jl.run`` call in ``JaxlogFixture.run``: jaxlog's own at the line of the test
-    that called ``jaxlog.run`` (stack: _reemit, run, caller), others where they were first raised."""
+    that called ``jaxlog.run`` (stack: _reemit, run, caller), others where they were first raised. A
+    violation's warning is written again from the violation, which now names the files as the session
+    shows them."""
     for w in caught:
         if issubclass(w.category, JaxlogRuntimeWarning):
+            violation = getattr(w.message, "violation", None)
+            if violation is not None:
+                message = JaxlogRuntimeWarning(str(violation))
+                message.violation = violation  # type: ignore[attr-defined]
+                warnings.warn(message, stacklevel=3)
+                continue
             warnings.warn(w.message, stacklevel=3)
         else:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)

@@ -1,7 +1,9 @@
 """The session's HTML report (``.jaxlog/report.html``): one self-contained file a person opens
-from a CI artifact, offline: every jaxlog test with its outcome, runs, steps/s, compiles and
-goldens; the failures first, each with its plots, message and files; small plots of each kept
-test's scalar records.
+from a CI artifact, offline: every jaxlog test of the session with its outcome, runs, steps/s,
+compiles and goldens; the failures first, each with its plots, message and files; small plots of
+each kept test's scalar records. The header counts this session's tests only; the entries earlier
+sessions left (marked stale in the manifest) are listed apart, each with its session, so a session
+that ran no jaxlog test never reads as one whose tests all passed.
 
 Built from the manifest (the merged one under xdist), the failure messages pytest reported and
 the kept trajectory files; plots are embedded as ``data:`` images, sparklines as inline SVG, the
@@ -34,7 +36,6 @@ MAX_SPARK_TESTS = 50
 MAX_SPARKS_PER_TEST = 8
 MAX_SPARK_SECONDS = 10.0  # reading trajectories for sparklines stops after this long (a session's end stays quick)
 MAX_MESSAGE_CHARS = 6000
-QUIET = ("passed", "skipped", "xfailed")
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 
 STYLE = """
@@ -45,6 +46,8 @@ text-align:left;vertical-align:top}th{background:#f4f4f4}
 .failure{border:1px solid #e0b4b4;background:#fff8f8;padding:.6em 1em;margin:.8em 0;border-radius:4px}
 .badge{display:inline-block;padding:0 .5em;border-radius:3px;font-size:.85em;color:#fff;background:#888}
 .failed,.error,.xpassed,.interrupted{background:#c62828}.passed{background:#2e7d32}
+.badge.stale{background:#6d4c41}table.stale{opacity:.85}
+.badge.slower{background:#c62828}.badge.not-slower{background:#2e7d32}.badge.cannot-tell{background:#ef6c00}
 pre{white-space:pre-wrap;background:#f6f6f6;padding:.5em;overflow-x:auto;font-size:12px}
 img.plot{max-width:100%;border:1px solid #ccc;margin:.3em 0;display:block}
 .spark{vertical-align:middle;background:#fafafa;border:1px solid #eee}.muted{color:#777}
@@ -58,18 +61,22 @@ def render(doc: dict, base: Path, out_dir: Path, messages: dict[str, str] | None
     from ..store import manifest  # lazy, as every package layer on the pytest side
 
     messages = messages or {}
-    tests = sorted(manifest.tests(doc), key=lambda t: (t.get("outcome") in QUIET, str(t.get("nodeid"))))
+    tests = sorted(manifest.current_tests(doc), key=lambda t: (not manifest.not_passed(t), str(t.get("nodeid"))))
+    stale = _stale_rows(doc)
     budget = Budget()
-    failures = [t for t in tests if t.get("outcome") not in QUIET]
+    failures = [t for t in tests if manifest.not_passed(t)]
     parts = [f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
              f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
              f"{TITLE}<style>{STYLE}</style></head><body>",
-             "<h1>jaxlog report</h1>", _headline(doc, tests, failures)]
+             "<h1>jaxlog report</h1>", _headline(doc, tests=tests, failures=failures, stale=stale)]
     if failures:
         parts.append(f"<h2>Failures ({len(failures)})</h2>")
         parts += [_failure(t, base, out_dir, messages.get(str(t.get("nodeid")), ""), budget) for t in failures]
-    parts.append(f"<h2>All jaxlog tests ({len(tests)})</h2>")
-    parts.append(_table(tests, base, out_dir, budget))
+    if tests:
+        parts.append(f"<h2>Jaxlog tests of this session ({len(tests)})</h2>")
+        parts.append(_table(tests, base, out_dir, budget))
+    if stale:
+        parts.append(_stale_section(stale, base, out_dir))
     parts.append(f'<p class="muted">{escape(budget.note())}</p></body></html>')
     return "\n".join(parts)
 
@@ -103,14 +110,22 @@ class Budget:
         return out
 
 
-def _headline(doc: dict, tests: list[dict], failures: list[dict]) -> str:
+def _headline(doc: dict, *, tests: list[dict], failures: list[dict], stale: list[dict]) -> str:
+    """Counts and time of this session's tests only: carried entries are an earlier session's
+    evidence, and counted here they would read as this session's results."""
     from ..store import manifest
 
     finished = doc.get("finished")
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(finished)) if isinstance(finished, (int, float)) else "?"
     keep = manifest.settings(doc).get("keep")
-    return (f"<p>{len(tests)} jaxlog tests, <b>{len(failures)} not passed</b>; exit status "
-            f"{escape(str(doc.get('exitstatus')))}; finished {escape(when)}; keep={escape(str(keep))}</p>")
+    ran = (f"{len(tests)} jaxlog tests in this session, <b>{len(failures)} not passed</b>" if tests
+           else "<b>no jaxlog test ran in this session</b>")
+    out = (f'<p class="headline">{ran}; exit status {escape(str(doc.get("exitstatus")))}; finished {escape(when)}; '
+           f"keep={escape(str(keep))}</p>")
+    if stale:
+        out += (f'<p class="muted">{len(stale)} stale entries of earlier sessions are listed apart below '
+                "(Stale evidence) and not counted here.</p>")
+    return out
 
 
 def _badge(outcome: Any) -> str:
@@ -180,19 +195,89 @@ def _files(t: dict, base: Path, out_dir: Path) -> str:
 
 
 def _table(tests: list[dict], base: Path, out_dir: Path, budget: Budget) -> str:
+    from ..store import manifest
+
     head = ("<table><tr><th>test</th><th>outcome</th><th>runs</th><th>steps/s</th><th>compiles</th>"
             "<th>goldens</th><th>files</th><th>records</th></tr>")
     rows = []
     for t in tests:
         runs = [r for r in t.get("runs") or [] if isinstance(r, dict)]
-        rates = [f"{r['steps_per_s']:.4g}" for r in runs if isinstance(r.get("steps_per_s"), (int, float))]
-        run_text = "<br>".join(f"{escape(str(r.get('name')))}: {escape(str(r.get('steps')))} steps" for r in runs)
+        rates = [_rate(r) for r in runs]
+        run_text = "<br>".join(f"{escape(str(r.get('name')))}: {escape(str(r.get('steps')))} "
+                               f"step{'' if r.get('steps') == 1 else 's'}" for r in runs)
         goldens = "<br>".join(f"{escape(Path(str(g.get('path'))).name)}: {escape(str(g.get('status')))}"
                               for g in t.get("goldens") or [] if isinstance(g, dict))
-        sparks = _sparks(t, base, budget) if t.get("outcome") in QUIET else '<span class="muted">(above)</span>'
+        sparks = _sparks(t, base, budget) if not manifest.not_passed(t) else '<span class="muted">(above)</span>'
+        rates += _benchmark_lines(t)
         rows.append(f"<tr><td><code>{escape(str(t.get('nodeid')))}</code></td><td>{_badge(t.get('outcome'))}</td>"
                     f"<td>{run_text}</td><td>{'<br>'.join(rates)}</td><td>{escape(str(t.get('compiles', 0)))}</td>"
                     f"<td>{goldens}</td><td>{_files(t, base, out_dir)}</td><td>{sparks}</td></tr>")
+    return head + "".join(rows) + "</table>"
+
+
+def _rate(run: dict) -> str:
+    """A run's steps/s, one line per run beside the runs column; none for a run too short to time."""
+    rate = run.get("steps_per_s")
+    if isinstance(rate, (int, float)) and not isinstance(rate, bool):
+        return f"{rate:.4g}"
+    return '<span class="muted">too short to time</span>'
+
+
+def _benchmark_lines(t: dict) -> list[str]:
+    """A test's benchmarks: steps/s, and each verdict as a badge (against the reference; against
+    the saved run where compared), "cannot tell" as visible as "slower"."""
+    out = []
+    for b in t.get("benchmarks") or []:
+        if not isinstance(b, dict) or not isinstance(b.get("steps_per_s"), (int, float)):
+            continue
+        text = f"{escape(str(b.get('name')))}: {b['steps_per_s']:.4g}"
+        for label, found in (("vs reference", b), ("vs saved", b.get("compare"))):
+            if isinstance(found, dict) and found.get("verdict") in _VERDICT_CLASSES:
+                detect = found.get("detectable")
+                power = f", could detect x{detect:.3f}" if isinstance(detect, (int, float)) else ""
+                text += (f' {label} <span class="badge {_VERDICT_CLASSES[found["verdict"]]}" title="interval '
+                         f'{escape(str(found.get("interval")))} at x{escape(str(found.get("than")))}{power}">'
+                         f'{escape(str(found["verdict"]).upper())}</span>')
+        out.append(text)
+    return out
+
+
+_VERDICT_CLASSES = {"slower": "slower", "not slower": "not-slower", "cannot tell": "cannot-tell"}
+
+
+def _stale_rows(doc: dict) -> list[dict]:
+    """What earlier sessions left: the carried test entries, and the stale directories no such entry
+    names (a manifest merged from shards, or written by an older version), newest session first."""
+    from ..store import manifest
+
+    entries = manifest.stale_tests(doc)
+    named = {e.get("dir") for e in entries}
+    entries += [dict(s, stale=True) for s in manifest.stale(doc) if s.get("dir") not in named]
+    return [e for group in manifest.by_session(entries).values()
+            for e in sorted(group, key=lambda e: (not manifest.not_passed(e), str(e.get("nodeid"))))]
+
+
+def _stale_section(stale: list[dict], base: Path, out_dir: Path) -> str:
+    """The earlier sessions' entries, apart from this session's tests, each badged with its session:
+    their evidence stays reachable without being taken for this session's results."""
+    from ..store import manifest
+
+    groups = manifest.by_session(stale)
+    sessions = ", ".join(f"{escape(sid)} ({len(g)})" for sid, g in groups.items())
+    head = (f'<h2>Stale evidence ({len(stale)})</h2><p class="muted">Entries that earlier sessions left for tests '
+            f"this session did not run (not run again, renamed or deleted), not counted above; from "
+            f"session{'s' if len(groups) > 1 else ''} {sessions}. <code>--jaxlog-clean-stale</code> removes them.</p>"
+            '<table class="stale"><tr><th>test</th><th>outcome</th><th>session</th><th>message</th>'
+            "<th>files</th></tr>")
+    rows = []
+    for e in stale:
+        message = next(iter(_messages(e)), "").strip().splitlines()
+        files = _files(e, base, out_dir)
+        if not files and isinstance(e.get("dir"), str) and e["dir"]:
+            files = f'<ul><li>dir: <a href="{_href(base / e["dir"], out_dir)}">{escape(e["dir"])}</a></li></ul>'
+        rows.append(f"<tr><td><code>{escape(str(e.get('nodeid')))}</code></td><td>{_badge(e.get('outcome'))}</td>"
+                    f'<td><span class="badge stale">session {escape(manifest.entry_session(e))}</span></td>'
+                    f"<td>{escape(message[0][:500]) if message else ''}</td><td>{files}</td></tr>")
     return head + "".join(rows) + "</table>"
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -18,6 +19,7 @@ from typing import Any, Protocol
 import pytest
 
 from ..errors import JaxlogError
+from ..paths import shown, use_project
 from .baselines import Baselines
 from .devices import child_spec
 from .discard import Discard
@@ -34,6 +36,9 @@ from .options import (
 )
 
 JAXLOG_FIXTURES = ("jaxlog", "jaxlog_factory")
+# files of a profile window besides its Perfetto trace (``jax_trace``): listed in the manifest, not
+# in messages or the report section, where one path to the trace is what a person opens
+PROFILE_DETAILS = ("jax_trace_json", "xplane", "profile_dir")
 DEFAULT_COMPILE_CACHE = "jaxlog-compile-cache"  # under pytest's cache directory (.pytest_cache/d/)
 
 
@@ -63,7 +68,7 @@ class RunNote:
     name: str
     steps: int
     wall_s: float
-    steps_per_s: float | None  # None when not finite (a run too short to time)
+    steps_per_s: float | None  # None for a run too short to time (Timings.timed)
     compiles: int
     status: str | None = None
     stop_reason: str | None = None  # jl.run: until | steps | violation | interrupted; error (status failed)
@@ -81,7 +86,8 @@ class RunNote:
         reused = f", {self.reused} reused" if self.reused else ""
         if self.resumed_from is not None:
             reused += f", resumed from step {self.resumed_from}"
-        return (f"{self.name}: {self.steps} steps in {self.wall_s:.3g} s{rate}, {self.compiles} compile{plural}"
+        steps = f"{self.steps} step{'' if self.steps == 1 else 's'}"
+        return (f"{self.name}: {steps} in {self.wall_s:.3g} s{rate}, {self.compiles} compile{plural}"
                 f"{cached}{reused}{status}")
 
 
@@ -229,9 +235,11 @@ class JaxlogSession:
         self.earlier: Any = None  # stale.Earlier: the previous manifest, whose other tests' evidence is kept
         self.session_id = ""
         self.stale_counts = {"tests": 0, "dirs": 0}  # what the manifest carried from earlier sessions
+        self.carried: list[dict] = []  # those entries (marked stale, each with its session): summarised apart
         self.removed_stale: list[str] = []
         self.start_notes: list[str] = []
         self.previous_manifest = False
+        self._undo_project: Any = use_project(self.rootdir)  # the core's messages (display_path) too
 
     def activate(self) -> None:
         """On the first test that uses jaxlog (fixture or marker), not at configure: a session where
@@ -317,8 +325,15 @@ class JaxlogSession:
         return base
 
     def display(self, path: Path | str) -> str:
-        """``path`` relative to the invocation directory when below it: what a user types next."""
-        return _rel(Path(path), self.invocation_dir)
+        """``path`` as a user types it next, from the invocation directory: relative inside the
+        project (the rootdir, ``../`` included), absolute only outside it (``paths.shown``)."""
+        return shown(path, cwd=self.invocation_dir, root=self.rootdir)
+
+    def release_project(self) -> None:
+        """The core's messages (golden mismatches) stop showing paths relative to this rootdir."""
+        undo, self._undo_project = self._undo_project, None
+        if undo is not None:
+            undo()
 
     def manifest_path(self, path: Path | str) -> str:
         """``path`` relative to the manifest's directory (relative input: to the invocation directory)."""
@@ -466,16 +481,23 @@ class JaxlogSession:
             # not from the fixture's runs (those are noted already): a jl.run of the test's own, its files not ours
             state.note_violation(exc)
 
-    def section(self, item: pytest.Item) -> str | None:
+    def section(self, item: pytest.Item, excinfo: Any = None) -> str | None:
+        """The failing test's ``jaxlog`` report section: what the failure's own message (``excinfo``,
+        shown above it under ``E``) does not say yet, so each violation and each path is read once."""
         state = item.stash.get(STATE_KEY, None)
         if state is None:
             return None
+        said = str(getattr(excinfo, "value", "") or "")
         lines = []
         for v in state.violations:
-            lines.append(f"violation: {v.message}")
+            if v.message not in said:
+                lines.append(f"violation: {v.message}")
+                said += "\n" + v.message
         lines.append(f"artifacts: {self.display(state.dir)}")
         for key, path in state.artifacts.items():
-            lines.append(f"  {key}: {self.display(path)}")
+            shown_path = self.display(path)
+            if state.kinds.get(key, key) not in PROFILE_DETAILS and not _names(said, shown_path):
+                lines.append(f"  {key}: {shown_path}")
         if state.runs:
             lines.append("runs:")
             lines.extend(f"  {r.line()}" for r in state.runs)
@@ -536,6 +558,7 @@ class JaxlogSession:
             stale=stale,
         )
         self.stale_counts = {"tests": len(carried), "dirs": len(stale)}
+        self.carried = carried
         return manifest.write(self.base, doc)
 
     def summary(self, tr: Any) -> None:
@@ -555,9 +578,12 @@ class JaxlogSession:
                 tr.write_line(f"  {e['outcome'].upper():8} {e['nodeid']} -> {self.display(self.base / e['dir'])}")
             if len(kept) > limit:
                 tr.write_line(f"  ... and {len(kept) - limit} more (see {manifest.NAME})")
-        if self.compile_cache is not None and self.entries:
-            runs = [r for e in self.entries.values() for r in e.get("runs", ())]
-            compiled = sum(int(r.get("compiles", 0)) for r in runs)
+        else:  # said plainly: the earlier entries below are not this session's results
+            where = f"; manifest: {self.display(self.base / manifest.NAME)}" if self.previous_manifest else ""
+            tr.write_line(f"no jaxlog test ran in this session{where}")
+        runs = [r for e in self.entries.values() for r in e.get("runs", ())]
+        compiled = sum(int(r.get("compiles", 0)) for r in runs)
+        if self.compile_cache is not None and compiled:  # no program needed compiling: nothing to say of the cache
             cached = sum(int(r.get("from_cache", 0)) for r in runs)
             tr.write_line(f"compile cache {self.display(self.compile_cache)}: {cached} of the {compiled} programs the "
                           f"runs needed came from it")
@@ -575,6 +601,7 @@ class JaxlogSession:
             tr.write_line(f"stale: {stale['tests']} tests not run in this session keep their earlier entries in "
                           f"{manifest.NAME} ({stale['dirs']} with artifact directories); {_flag('clean_stale')} "
                           "removes them")
+            self._stale_lines(tr, limit)
         notes = [(e["nodeid"], n) for e in sorted(self.entries.values(), key=lambda e: e["nodeid"])
                  for n in e.get("notes", ())]
         if notes:
@@ -590,17 +617,33 @@ class JaxlogSession:
                 for p in files:
                     tr.write_line(f"  {self.display(os.path.normpath(self.base / p))}")
 
+    def _stale_lines(self, tr: Any, limit: int) -> None:
+        """The carried entries by the session they came from, and each one not passed badged with
+        its session: an earlier failure stays visible without being counted as this session's."""
+        from ..store import manifest
+
+        groups = manifest.by_session(self.carried)
+        for sid, group in groups.items():
+            failed = sum(map(manifest.not_passed, group))
+            tr.write_line(f"  from session {sid}: {len(group)} tests, {failed} not passed")
+        bad = [e for group in groups.values() for e in sorted(group, key=lambda e: e["nodeid"])
+               if manifest.not_passed(e)]
+        for e in bad[:limit]:
+            where = f" -> {self.display(self.base / e['dir'])}" if e.get("dir") else ""
+            tr.write_line(f"  STALE (session {manifest.entry_session(e)}) {str(e.get('outcome')).upper()} "
+                          f"{e['nodeid']}{where}")
+        if len(bad) > limit:
+            tr.write_line(f"  ... and {len(bad) - limit} more (see {manifest.NAME})")
+
 
 def _flag(key: str) -> str:
     """``--jaxlog-keep``: an option's name as the options table spells it."""
     return OPTIONS[key].flag_name
 
 
-def _rel(path: Path, base: Path) -> str:
-    try:
-        return str(Path(path).resolve().relative_to(base))
-    except ValueError:
-        return str(path)
+def _names(text: str, path: str) -> bool:
+    """Whether ``text`` names ``path`` as a whole (``a.h5`` is not named by ``a.h5.tmp``)."""
+    return re.search(rf"(?<![^\s:=(]){re.escape(path)}(?![^\s;,)])", text) is not None
 
 
 def _under(path: Path, d: Path) -> bool:

@@ -27,7 +27,12 @@ import numpy as np
 from ..errors import JaxlogAssertionError, JaxlogError, JaxlogRuntimeWarning
 from ..record.numbers import check_count, positive
 
-__all__ = ["CompileEvent", "CompileTracker", "Timings", "TimingAssertionError", "describe_avals"]
+__all__ = ["CompileEvent", "CompileTracker", "MIN_TIMED_STEPS", "Timings", "TimingAssertionError", "describe_avals"]
+
+#: The fewest work steps a run needs to have a rate (``Timings.timed``). A shorter run's time is
+#: mostly what every run costs once (its first dispatch, the last pull, the host's bookkeeping),
+#: so steps per second from it would describe the run's overhead, not the kernel's speed.
+MIN_TIMED_STEPS = 10
 
 
 class TimingAssertionError(JaxlogAssertionError):
@@ -476,14 +481,19 @@ class Timings:
         return max(self.wall_s - self.compile_s, 0.0)
 
     @property
+    def timed(self) -> bool:
+        """Whether the run is long enough to time: at least ``MIN_TIMED_STEPS`` work steps and a
+        stepping time the clock measured. A run too short to time has no rate: ``steps_per_s`` and
+        ``s_per_step`` are NaN (null in the manifest, left out of the summary and the report)."""
+        return self.steps >= MIN_TIMED_STEPS and self.run_s > 0
+
+    @property
     def steps_per_s(self) -> float:
-        if self.run_s <= 0:
-            return math.inf if self.steps else 0.0
-        return self.steps / self.run_s
+        return self.steps / self.run_s if self.timed else math.nan
 
     @property
     def s_per_step(self) -> float:
-        return self.run_s / self.steps if self.steps else math.nan
+        return self.run_s / self.steps if self.timed else math.nan
 
     def _compile_list(self, limit: int = 8) -> str:
         if not self.compile_events:
@@ -536,6 +546,7 @@ class Timings:
         __tracebackhide__ = True
         ratio = positive(ratio, "assert_faster_than(ratio=...)")
         base = _reference(other, "assert_faster_than(other): a reference in steps/s", "steps_per_s")
+        self._timed_both(base, "throughput")
         if not self.steps_per_s >= ratio * base:
             raise TimingAssertionError(
                 f"[jaxlog] expected at least {ratio:g}x the throughput of the reference "
@@ -551,14 +562,27 @@ class Timings:
         __tracebackhide__ = True
         at_most = positive(at_most, "assert_overhead(at_most=...)")
         base = _reference(limit, "assert_overhead(limit): a reference in seconds per step", "s_per_step")
+        self._timed_both(base, "time per step")
         if not self.s_per_step <= at_most * base:
             raise TimingAssertionError(
                 f"[jaxlog] expected at most {at_most:g}x the reference time per step "
                 f"({at_most * base * 1e6:.4g} us), got {self.s_per_step * 1e6:.4g} us "
                 f"({self.s_per_step / base if base else math.inf:.3g}x)")
 
+    def _timed_both(self, base: float, what: str) -> None:
+        """A comparison with a run too short to time would compare overheads: said, not judged."""
+        __tracebackhide__ = True
+        need = f"a rate needs at least {MIN_TIMED_STEPS} work steps"
+        if not self.timed:
+            raise TimingAssertionError(f"[jaxlog] cannot compare the {what}: this run is too short to time ({need}; "
+                                       f"it did {self.steps} in {self.run_s:.3g} s of stepping)")
+        if math.isnan(base):
+            raise TimingAssertionError(f"[jaxlog] cannot compare the {what}: the reference run is too short to "
+                                       f"time ({need})")
+
     def to_json(self) -> dict:
-        return {"wall_s": self.wall_s, "steps": self.steps, "steps_per_s": self.steps_per_s,
+        return {"wall_s": self.wall_s, "steps": self.steps,
+                "steps_per_s": self.steps_per_s if self.timed else None,
                 "compiles": self.compiles, "from_cache": self.from_cache, "programs": self.programs,
                 "compile_s": self.compile_s,
                 "compile_events": [ev.to_json() for ev in self.compile_events],

@@ -21,6 +21,7 @@ from ..errors import JaxlogError
 NAME = "manifest.json"
 VERSION = 2
 PATHS = "relative to the directory of this file"
+QUIET_OUTCOMES = ("passed", "skipped", "xfailed")  # every other outcome is "not passed"
 
 
 def document(*, started: float, finished: float, exitstatus: int, rootdir: str, golden_dir: str,
@@ -110,6 +111,39 @@ def find(roots: Iterable[str | os.PathLike]) -> list[Path]:
 def tests(doc: dict[str, Any]) -> list[dict]:
     """The test entries (each with a ``nodeid``), those carried from earlier sessions (``stale``) included."""
     return [t for t in _list(doc.get("tests")) if isinstance(t, dict) and "nodeid" in t]
+
+
+def current_tests(doc: dict[str, Any]) -> list[dict]:
+    """The entries of the tests the session that wrote ``doc`` ran: all that its counts, its time and
+    its outcome may speak for (a report that counted carried entries would pass them off as its own)."""
+    return [t for t in tests(doc) if not t.get("stale")]
+
+
+def stale_tests(doc: dict[str, Any]) -> list[dict]:
+    """Entries carried from earlier sessions (a test not run again, or renamed or deleted since):
+    evidence to show apart, with the session each came from, never counted as this session's."""
+    return [t for t in tests(doc) if t.get("stale")]
+
+
+def entry_session(entry: dict[str, Any]) -> str:
+    """The session a stale entry came from, as the manifest names it (its id starts with the session's
+    UTC start time, so ids sort oldest first); "unknown" for an entry that does not say."""
+    sid = entry.get("session")
+    return sid if isinstance(sid, str) and sid else "unknown"
+
+
+def by_session(entries: Iterable[dict]) -> dict[str, list[dict]]:
+    """``entries`` grouped by the session they came from, the newest session first: what the report,
+    ``jaxlog summary`` and the terminal summary each badge stale evidence with."""
+    groups: dict[str, list[dict]] = {}
+    for e in entries:
+        groups.setdefault(entry_session(e), []).append(e)
+    return {sid: groups[sid] for sid in sorted(groups, key=lambda sid: (sid != "unknown", sid), reverse=True)}
+
+
+def not_passed(entry: dict[str, Any]) -> bool:
+    """Whether a test's outcome is one a person must look at (what "not passed" counts)."""
+    return entry.get("outcome") not in QUIET_OUTCOMES
 
 
 def stale(doc: dict[str, Any]) -> list[dict]:
