@@ -74,13 +74,11 @@ class RowBuffer(NamedTuple):
 
 class Slot(NamedTuple):
     """Where a chunk writes: the set's buffers, its first row (the set's rows follow the steps)
-    and the compact lanes' next slots (counted on the device: ``when=`` decides them). ``row``:
-    the first row on the device, where the previous chunk of the set left it (None: a fresh set)."""
+    and the compact lanes' next slots (counted on the device: ``when=`` decides them)."""
 
     bufs: dict | None
     row0: int
     counts: tuple
-    row: Any = None
 
 
 @dataclass
@@ -143,7 +141,7 @@ class Fills:
         if cur is None:
             cur = self.current = Fill(k0, flags)
             return Slot(self._take(), 0, program.empty_counts(self.plan))
-        return Slot(cur.out.pop("bufs"), k0 - cur.k0, cur.out["counts"], cur.out["next"]["row0"])
+        return Slot(cur.out.pop("bufs"), k0 - cur.k0, cur.out["counts"])
 
     def dispatched(self, chunk: Chunk, out: dict, reader: "Reader") -> None:
         cur = self.current

@@ -200,7 +200,6 @@ class RunLoop:
         self.reasons: list[str] = []  # why each compile after the first happened (CompileEvent.reason)
         self.open_window = None  # the profile window whose steps are being dispatched
         self.masked_steps = 0  # loop slots the pulled sets ran beyond their steps (see program.blocks)
-        self.next = None  # the newest chunk's outputs: where the next one starts, on the device
         self.saved_at = cfg.start_step  # the step of the newest checkpoint in the file
         # the sinks open once the first chunk is dispatched: a file is created while that chunk runs
         # (on a first run, once its program compiled), not before (milliseconds, as much as a short
@@ -257,13 +256,9 @@ class RunLoop:
         masks = tuple(program.host_mask(self.lanes[i].schedule, k0, length, plan.length) for i in plan.host_masks)
         flags = self.first_flags if n_chunk == 0 else 0
         t0 = now_ns()
-        bufs, row0, counts, row = self.fills.next(k0, length, flags)
-        if self.next is None or self.mesh_rep is not None:  # (a sharded run's outputs are laid out by XLA)
-            ctl = self.kept.control(k0, length, row0, flags)
-        else:  # where the previous chunk left off, on the device already
-            ctl = self.kept.following(self.next["k0"], length, self.kept.one(np.int32(0)) if row is None else row,
-                                      flags)
-        args = (plan, cur, bufs, self.key, ctl, self.kept(counts), masks, stopped, self.consts)
+        bufs, row0, counts = self.fills.next(k0, length, flags)
+        args = (plan, cur, bufs, self.key, self.kept.control(k0, length, row0, flags), self.kept(counts), masks,
+                stopped, self.consts)
         if win is not None and self.open_window is not win:  # compiled before the window opens, never in a step
             self.compiling(n_chunk, args, lambda: fn.lower(*args).compile())
         out = self.compiling(n_chunk, args, lambda: fn(*args) if win is None else self.window_step(win, k0, args))
@@ -273,7 +268,7 @@ class RunLoop:
             # taken once the chunk runs (donated arguments keep their shapes and shardings)
             self.chunk_program = (fn, plan, signature_of(fn, plan, self.resolved, args[1:], [*self.leaves, self.key]))
             self.program_bufs = bufs is not None
-        self.cur, self.cur_step, self.stopped, self.next = out["state"], k0 + length, out["stopped"], out["next"]
+        self.cur, self.cur_step, self.stopped = out["state"], k0 + length, out["stopped"]
         if self.vote is not None:
             self.stopped, vote = self.vote.cast(self.stopped, n_chunk, self.deferred.signum if self.deferred else 0)
             if vote is not None:

@@ -639,10 +639,8 @@ def chunk_impl(plan: Plan, state, bufs, key, ctl: Control, counts, masks, stoppe
     _, state, done, stopped, dense, compact, counts, slots = lax.while_loop(loop.cond, loop.block, carry)
     # the steps that ran are not returned: all ``n`` of them, or, with ``until=``, up to the
     # step ``stopped`` says (an output computed from the loop's index would be one more kernel)
-    # where the next chunk starts, on the device: a run of one-step chunks passes them on instead of
-    # transferring a new step number and row from the host at every dispatch (see drive.scalars)
     return {"state": state, "bufs": {"dense": dense, "compact": compact}, "counts": (*counts, slots),
-            "stopped": stopped, "next": {"k0": ctl.k0 + ctl.n, "row0": ctl.row0 + ctl.n}}
+            "stopped": stopped}
 
 
 def _keep(live: Any, new: Any, old: Any) -> Any:

@@ -41,13 +41,6 @@ class Scalars:
             found = self._controls[key] = Control(*map(self.one, control(k0, n, row0, flags)))
         return found
 
-    def following(self, k0: Any, n: int, row0: Any, flags: int) -> Control:
-        """A dispatch's control whose step number and row are device values already (where the
-        previous chunk left them: ``program``'s ``next``), the rest kept: nothing is transferred
-        for a chunk that follows another."""
-        rest = self.control(0, n, 0, flags)
-        return rest._replace(k0=k0, row0=row0)
-
     def __call__(self, values: tuple) -> tuple:
         """``values`` with every host value on the device; device arrays (counts chained from the
         previous chunk) pass through."""
