@@ -41,10 +41,17 @@ def _campaign(tmp_path, runs: int, first_op: int = 1, without_journal: bool = Fa
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_a_thousand_kills_at_flushes_checkpoints_swaps_and_closes_lose_nothing_acknowledged(tmp_path):
-    out = _campaign(tmp_path, 1100)
+@pytest.mark.parametrize("runs", [110, pytest.param(1100, marks=pytest.mark.campaign)])
+def test_a_thousand_kills_at_flushes_checkpoints_swaps_and_closes_lose_nothing_acknowledged(tmp_path, runs):
+    """The campaign (``-m campaign``): 1,100 runs, every system call of both scenarios a kill point;
+    by default a sample of 110, the first calls of each in turn."""
+    out = _campaign(tmp_path, runs)
     assert out["failed"] == 0, out["failures"]
-    assert out["kills"] >= 1000 and out["checked"] == 1100
+    assert out["checked"] == runs
+    if runs < 1100:  # (about 9 runs in 10 are killed: some end before their kill point)
+        assert out["kills"] >= runs * 8 // 10, out
+        return
+    assert out["kills"] >= 1000
     where = out["where"]
     for place in ("fresh/open", "fresh/flush", "fresh/checkpoint", "fresh/timed",
                   "swap/open", "swap/flush", "swap/swap-checkpoint", "swap/timed"):
