@@ -592,8 +592,8 @@ def _zeros_like_rows(sd: Any, value: Any) -> Any:
     mesh = getattr(sharding, "mesh", None)
     if mesh is None or not any(t == jax.sharding.AxisType.Explicit for t in getattr(mesh, "axis_types", ())):
         return jnp.zeros(sd.shape, sd.dtype)
-    spec = jax.sharding.PartitionSpec(None, *sharding.spec)
-    return lax.full(sd.shape, 0, sd.dtype, sharding=jax.sharding.NamedSharding(mesh, spec))
+    spec = jax.sharding.PartitionSpec(None, *sharding.spec)  # (lax.full's sharding= is not kept by jax 0.12)
+    return jax.sharding.reshard(jnp.zeros(sd.shape, sd.dtype), jax.sharding.NamedSharding(mesh, spec))
 
 
 def _put(buf: dict, vals: dict, row: Any) -> dict:

@@ -45,8 +45,11 @@ def document(*, started: float, finished: float, exitstatus: int, rootdir: str, 
 
 
 def new_session_id(started: float) -> str:
-    """A session's id: its start time (UTC) and a random tail (two sessions may start in one second)."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)) + f"-{secrets.token_hex(3)}"
+    """A session's id: its start time (UTC, to the millisecond, so that ids sort as the sessions
+    started: stale evidence is listed newest session first) and a random tail (two sessions may
+    start in one millisecond)."""
+    ms = int(started * 1000) % 1000
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(started)) + f".{ms:03d}Z-{secrets.token_hex(3)}"
 
 
 def session_id(doc: dict[str, Any]) -> str:
