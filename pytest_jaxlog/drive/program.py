@@ -69,6 +69,7 @@ from ..logs import collect, collected_shapes
 from .identity import step_key, with_consts
 from .memo import Cache
 from .predicates import ask, step_values
+from .shards import explicit_mesh
 from .resolve import WhenFlags, check_system_axes, view_values, flatten_view
 
 INT32_MAX = 2**31 - 1
@@ -219,13 +220,13 @@ def blocks(lanes: tuple[Lane, ...], compact: tuple[tuple[int, int], ...], host: 
     blocks asks the host. Nested plans (sparse views) step in segments of ``segment`` slots (the
     shortest period of their schedules, if a dispatch of the capacity ``capacity`` holds it: a
     view is evaluated once per period, as in a nested scan), ``block // segment`` segments a
-    block. The blocks depend on the platform and the
-    records only, never on the chunk size or the run length: every dispatch (one-step chunks,
-    profile-window steps, post-mortem replays) runs the one program, so results are the same
-    bit for bit whatever the chunk size (XLA fuses a loop of another trip count differently,
-    and a reduction in a view can differ in its last bit). ``block`` 1 is the plain loop, one
-    step an iteration, and its nested plans (``segment`` 0) step to the next scheduled state in
-    an inner loop of a runtime trip count, as a nested scan would."""
+    block. The blocks depend on the platform and the records only, never on the chunk size or
+    the run length: every dispatch (one-step chunks, profile-window steps, post-mortem replays)
+    runs the one program, so results are the same bit for bit whatever the chunk size (XLA fuses
+    a loop of another trip count differently, and a reduction in a view can differ in its last
+    bit). ``block`` 1 is the plain loop, one step an iteration, and its nested plans (``segment``
+    0) step to the next scheduled state in an inner loop of a runtime trip count, as a nested
+    scan would."""
     block = max(1, int(block))
     if not compact or host or any(lanes[i].from_step for i, _ in compact):
         return {"block": block, "segment": 1}
@@ -258,7 +259,6 @@ def block_for(platform: str) -> int:
             raise JaxlogError(f"JAXLOG_BLOCK={env!r}: loop slots per block must be a whole number >= 1")
         return value
     return BLOCK.get(platform, BLOCK_DEFAULT)
-
 
 
 PACKED = "/"  # a shared row buffer's key: "/<dtype>", which no record path is (paths are a/b/c names)
@@ -589,8 +589,8 @@ def _zeros_like_rows(sd: Any, value: Any) -> Any:
     """Zeros of buffer ``sd``, sharded as rows of ``value`` (its ShapeDtypeStruct) where its
     sharding is a type (explicit mesh axes), else placed by XLA."""
     sharding = getattr(value, "sharding", None)
-    mesh = getattr(sharding, "mesh", None)
-    if mesh is None or not any(t == jax.sharding.AxisType.Explicit for t in getattr(mesh, "axis_types", ())):
+    mesh = explicit_mesh(sharding)
+    if mesh is None:
         return jnp.zeros(sd.shape, sd.dtype)
     spec = jax.sharding.PartitionSpec(None, *sharding.spec)  # (lax.full's sharding= is not kept by jax 0.12)
     return jax.sharding.reshard(jnp.zeros(sd.shape, sd.dtype), jax.sharding.NamedSharding(mesh, spec))

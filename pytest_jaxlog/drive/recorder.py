@@ -30,6 +30,7 @@ from .compiles import run_timings
 from .memo import Cache
 from .pipeline import Pipeline
 from .resolve import resolve
+from .shards import explicit_mesh
 from .signals import sigterm_as_interrupt
 from . import program
 from .predicates import takes_values
@@ -507,8 +508,8 @@ def _replicated_on(state: Any) -> Any:
     """Replicated on the mesh of explicit axes a leaf of ``state`` is sharded over, else None (the
     default device): a row is written only into a buffer of its mesh."""
     for leaf in jax.tree_util.tree_leaves(state):
-        mesh = getattr(getattr(leaf, "sharding", None), "mesh", None)
-        if mesh is not None and any(t == jax.sharding.AxisType.Explicit for t in getattr(mesh, "axis_types", ())):
+        mesh = explicit_mesh(getattr(leaf, "sharding", None))
+        if mesh is not None:
             return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     return None
 

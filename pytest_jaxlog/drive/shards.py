@@ -28,16 +28,26 @@ from ..store.hdf5 import HDF5Writer
 from .resolve import is_key
 
 
+def explicit_mesh(sharding: Any) -> Any:
+    """The mesh of ``sharding`` where some of its axes are explicit (``jax.make_mesh``'s default:
+    a value's type then carries its sharding, and a row is written only into a buffer of the same
+    mesh and sharding), else None."""
+    from jax.sharding import AxisType
+
+    mesh = getattr(sharding, "mesh", None)
+    return mesh if mesh is not None and AxisType.Explicit in tuple(getattr(mesh, "axis_types", ())) else None
+
+
 def replicated_on(state: Any) -> Any:
     """A sharding replicating a value on the mesh of the state's first leaf sharded over several
     devices (a ``NamedSharding``), or over a mesh of explicit axes of any size (its values' types
     carry the mesh: a record buffer must be made on it, even on one device); None for a state on
     one device."""
-    from jax.sharding import AxisType, NamedSharding, PartitionSpec
+    from jax.sharding import NamedSharding, PartitionSpec
 
     for leaf in jax.tree_util.tree_leaves(state):
         s = getattr(leaf, "sharding", None)
-        if isinstance(s, NamedSharding) and (s.mesh.size > 1 or AxisType.Explicit in tuple(s.mesh.axis_types)):
+        if isinstance(s, NamedSharding) and (s.mesh.size > 1 or explicit_mesh(s) is not None):
             return NamedSharding(s.mesh, PartitionSpec())
     return None
 
