@@ -36,6 +36,6 @@ def run_timings(tracker: CompileTracker, wall_s: float, steps: int, window: Any 
         t = tracker.timings(wall_s, steps, window, events=mine)
     t.stepping_s = stepping_s
     t.masked_steps = int(masked_steps)
-    if programs is not None:  # a program compiled twice is one program
-        t.programs = max(int(programs), len({(ev.function, ev.args) for ev in t.compile_events}))
+    if programs is not None:
+        t.programs = max(int(programs), t.compiled_programs)
     return t

@@ -4,6 +4,7 @@ logged values out as extra outputs. A primitive missing here is refused by the i
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import jax
@@ -307,7 +308,5 @@ def _shard_map(it: Interpreter, eqn: Any, invals: list) -> tuple[list, list[Entr
     mapped = jax.shard_map(inner, mesh=sm.mesh, in_specs=sm.in_specs, out_specs=(sm.out_specs, spec),
                            check_vma=sm.check_vma, axis_names=set(sm.axis_names))
     outs, gathered = mapped(*invals)
-    shards = 1
-    for a in sm.axis_names:
-        shards *= sm.mesh.shape[a]
+    shards = math.prod(sm.mesh.shape[a] for a in sm.axis_names)
     return list(outs), [s.build(lv, (shards, *s.lead)) for s, lv in zip(found[-1], gathered)]

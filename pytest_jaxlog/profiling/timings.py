@@ -468,10 +468,14 @@ class Timings:
     masked_steps: int = 0
 
     @property
+    def compiled_programs(self) -> int:
+        """The distinct programs among the compilations (a program compiled twice is one)."""
+        return len({(ev.function, ev.args) for ev in self.compile_events}) if self.compile_events else self.compiles
+
+    @property
     def reused(self) -> int:
         """Programs the run ran without compiling or loading them: compiled earlier in this process."""
-        compiled = len({(ev.function, ev.args) for ev in self.compile_events}) if self.compile_events else self.compiles
-        return max((self.programs or 0) - compiled, 0)
+        return max((self.programs or 0) - self.compiled_programs, 0)
 
     @property
     def run_s(self) -> float:
