@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Everything the GPU rows of docs/performance-gpu.md need, in one call on a lent GPU (about 7 minutes
-# on one H200): the device loop's blocks against the plain loop (benchmarks/run.py --only blocks:
+# Everything the GPU rows of docs/performance-gpu.md need, in one call on a lent GPU (about 9 minutes
+# on one H100): the device loop's blocks against the plain loop (benchmarks/run.py --only blocks:
 # ratios to the scan with the same records, and device-to-host copies per step counted in a profiler
 # trace), the long, sparse and fixed sections, then the tests that must hold on the card (the blocks'
 # bits and trip counts, the examples' speed test). Each step has its own time limit; tables go to
@@ -33,10 +33,13 @@ part() {  # part NAME SECONDS COMMAND...: one measurement, its limit, its output
     echo "== $name: exit ${PIPESTATUS[0]} after $(($(date +%s) - t0)) s"
 }
 
-part blocks 150 $py benchmarks/run.py --only blocks --json "$out/blocks.json"
-part gpu-tests 120 $py -m pytest -q -p no:cacheprovider tests/test_blocks.py \
+# seconds seen on one H100 (2026-11-28): blocks 92, gpu-tests 15, long 43, sparse 122, fixed over 35
+part blocks 120 $py benchmarks/run.py --only blocks --json "$out/blocks.json"
+part gpu-tests 40 $py -m pytest -q -p no:cacheprovider tests/test_blocks.py \
     examples/test_performance.py::test_lj_is_not_slower_than_a_bare_scan
-part long-sparse-fixed 200 $py benchmarks/run.py --only long,sparse,fixed --json "$out/main.json"
+part long 80 $py benchmarks/run.py --only long
+part sparse 160 $py benchmarks/run.py --only sparse
+part fixed 100 $py benchmarks/run.py --only fixed
 # the plain loop with XLA's command buffers (CUDA graphs) taking the loops: device-side loop conditions
-part command-buffers 50 env XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL" \
+part command-buffers 40 env XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL" \
     $py benchmarks/run.py --only blocks --quick

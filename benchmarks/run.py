@@ -129,10 +129,13 @@ def timed(fn: Callable[[], object]) -> float:
 
 
 def interleaved(variants: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
-    """Seconds per call of each variant, ``repeats`` times, the variants interleaved (after one
-    warm-up call each: compilation excluded)."""
-    for fn in variants.values():
-        fn()
+    """Seconds per call of each variant, ``repeats`` times, the variants interleaved, after two
+    untimed rounds: the first compiles, the second runs each variant once more warm (on a GPU the
+    first timed call after the compiles read up to 2.5x slow, with the clocks and caches of a
+    device that sat idle while the host compiled)."""
+    for _ in range(2):
+        for fn in variants.values():
+            fn()
     times: dict[str, list[float]] = {k: [] for k in variants}
     for r in range(repeats):
         order = list(variants) if r % 2 == 0 else list(reversed(variants))  # no variant always runs first
@@ -782,11 +785,13 @@ def main() -> None:
             else:
                 section_accelerator(args, rows, files)
             print(f"{time.perf_counter() - t0:.0f} s")
+            if len(only) > 1:  # each section's rows as soon as they exist: a run cut short keeps them
+                print(table([r for r in rows if r.section == name], judged=not args.quick), flush=True)
+            if args.json:
+                Path(args.json).write_text(json.dumps([r.__dict__ for r in rows], indent=1))
     text = header(args) + "\n\n" + table(rows, judged=not args.quick)
     print()
     print(text)
-    if args.json:
-        Path(args.json).write_text(json.dumps([r.__dict__ for r in rows], indent=1))
     if args.docs:
         write_page(text)
         print(f"\nwrote the table into {PAGE}")

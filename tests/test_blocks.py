@@ -239,6 +239,17 @@ def test_a_nested_plan_masks_less_than_a_block_and_its_period_per_dispatch(monke
         assert 0 < run.timings.masked_steps < dispatches * (GPU_BLOCK + 10)
 
 
+@pytest.mark.parametrize("block", [1, GPU_BLOCK])
+@pytest.mark.parametrize("name", ["rows", "nested", "sparse views", "aux"])
+def test_a_one_step_dispatch_computes_the_slots_the_timings_name(name, block, monkeypatch):
+    """``timings.window_slots`` (what a profile window's step computes) against the device's own
+    count of a one-step run's masked slots."""
+    monkeypatch.setenv("JAXLOG_BLOCK", str(block))
+    run = _run(name, 1)
+    assert run.timings.window_slots == run.timings.masked_steps + 1
+    assert run.timings.window_slots == (1 if block == 1 else {"nested": 30, "sparse views": 30}.get(name, GPU_BLOCK))
+
+
 def test_the_plain_loop_masks_nothing(monkeypatch):
     monkeypatch.setenv("JAXLOG_BLOCK", "1")
     assert _run("nested", 103, chunk=20).timings.masked_steps == 0
@@ -269,6 +280,7 @@ def test_a_profile_window_changes_no_bit_and_its_masked_slots_are_counted(tmp_pa
     np.testing.assert_array_equal(run.trajectory["e"], bare.trajectory["e"])
     np.testing.assert_array_equal(np.asarray(run.state["x"]), np.asarray(bare.state["x"]))
     assert run.timings.window is not None and len(run.timings.window) == 10
+    assert run.timings.window_slots == GPU_BLOCK  # each window step's seconds are a block's
     assert run.timings.programs == 1 and run.timings.compiles == 0  # the program of the run without the window
     lengths = [40] + [1] * 10 + [70]  # the dispatches: up to the window, its steps, the rest
     assert run.timings.masked_steps == sum(-n % GPU_BLOCK for n in lengths)

@@ -12,7 +12,8 @@ from ..profiling.timings import CompileTracker, Timings, describe_avals
 
 def run_timings(tracker: CompileTracker, wall_s: float, steps: int, window: Any = None, *,
                 state_leaves: Sequence[Any] | None = None, stepping_s: float | None = None,
-                programs: int | None = None, masked_steps: int = 0, reasons: Sequence[str] = ()) -> Timings:
+                programs: int | None = None, masked_steps: int = 0, reasons: Sequence[str] = (),
+                window_slots: int = 1) -> Timings:
     """``state_leaves`` (``jl.run``, whose tracked programs all take the state's leaves first and
     carry the step function): the compilations are this thread's (the run's own), and
     ``compiles`` counts every one of them: the same program compiled twice is two (a cache that
@@ -24,7 +25,8 @@ def run_timings(tracker: CompileTracker, wall_s: float, steps: int, window: Any 
     order (see ``CompileEvent.reason``).
     ``programs``: the distinct programs the run dispatched, compiled now or earlier in this process
     (never fewer than it compiled: a program that compiled and then failed to run still counts).
-    ``masked_steps``: loop slots the run computed and threw away (see ``drive.program.blocks``)."""
+    ``masked_steps``: loop slots the run computed and threw away (see ``drive.program.blocks``);
+    ``window_slots``: the slots each profile-window step's dispatch computed."""
     if state_leaves is None:
         t = tracker.timings(wall_s, steps, window)
     else:
@@ -36,6 +38,7 @@ def run_timings(tracker: CompileTracker, wall_s: float, steps: int, window: Any 
         t = tracker.timings(wall_s, steps, window, events=mine)
     t.stepping_s = stepping_s
     t.masked_steps = int(masked_steps)
+    t.window_slots = int(window_slots)
     if programs is not None:
         t.programs = max(int(programs), t.compiled_programs)
     return t

@@ -519,7 +519,7 @@ class RunLoop:
         stepping_s = None if self.t_loop is None else t_done - self.t_loop - self.compiling_s
         timings = run_timings(self.tracker, t_done - self.t_start, self.written_step - cfg.start_step, window_s,
                               state_leaves=self.leaves, stepping_s=stepping_s, masked_steps=self.masked_steps,
-                              reasons=self.reasons,
+                              reasons=self.reasons, window_slots=self.plan.slots,
                               programs=int(self.chunk_program is not None))  # one chunk program per run
         result = self.make(self.cur, self.written_step, timings, self.violation,
                            {**self.pipe.artifacts, **self.window_artifacts}, self.status, self.stop_reason)

@@ -164,6 +164,14 @@ class Plan:
         return self._hash
 
     @property
+    def slots(self) -> int:
+        """Loop slots one block computes, so one dispatch at least (a one-step dispatch keeps one):
+        ``block``, or whole segments of a nested plan (one, where a segment is longer)."""
+        if self.block == 1 or self.segment <= 1:
+            return self.block
+        return max(self.block // self.segment, 1) * self.segment
+
+    @property
     def rows(self) -> int:
         """Rows of a row buffer: the initial frame's, one per step of the capacity, and one a masked
         slot past the end of a full set writes (see ``_ChunkLoop.dense_rows``)."""

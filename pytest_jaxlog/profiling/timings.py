@@ -466,6 +466,9 @@ class Timings:
     # jl.run: loop slots computed and thrown away (its device loop steps in blocks of a trip count XLA
     # knows; a slot past a dispatch's end or an until= stop is masked). At most block - 1 per dispatch
     masked_steps: int = 0
+    # the loop slots each profile-window step's dispatch computed, one kept: a window step's seconds
+    # are that many steps' work (jl.run on a GPU: a block, 32 unless JAXLOG_BLOCK says otherwise)
+    window_slots: int = 1
 
     @property
     def compiled_programs(self) -> int:
@@ -590,7 +593,8 @@ class Timings:
                 "compiles": self.compiles, "from_cache": self.from_cache, "programs": self.programs,
                 "compile_s": self.compile_s,
                 "compile_events": [ev.to_json() for ev in self.compile_events],
-                "window": None if self.window is None else [float(x) for x in self.window]}
+                "window": None if self.window is None else [float(x) for x in self.window],
+                "window_slots": self.window_slots}
 
     @classmethod
     def from_json(cls, d: dict) -> "Timings":
@@ -599,4 +603,5 @@ class Timings:
                    compile_s=float(d.get("compile_s", 0.0)), from_cache=int(d.get("from_cache", 0)),
                    programs=None if d.get("programs") is None else int(d["programs"]),
                    compile_events=tuple(CompileEvent.from_json(e) for e in d.get("compile_events", ())),
-                   window=None if window is None else np.asarray(window, dtype=np.float64))
+                   window=None if window is None else np.asarray(window, dtype=np.float64),
+                   window_slots=int(d.get("window_slots", 1)))
