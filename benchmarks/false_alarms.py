@@ -81,7 +81,8 @@ def _plan(args: argparse.Namespace) -> list[Phase]:
         return [Phase("quiet", {"A/A": 2, "1.10x": 2, "1.25x": 1}), Phase("2 burners", {"A/A": 2, "1.25x": 2})]
     quiet = {"A/A": args.aa, "1.10x": args.ab} | ({"1.25x": args.ab} if args.all_cells else {})
     loaded = {"A/A": args.aa, "1.25x": args.ab} | ({"1.10x": args.ab} if args.all_cells else {})
-    return [Phase("quiet", quiet), Phase("2 burners", loaded)]
+    phases = [Phase("quiet", quiet), Phase("2 burners", loaded)]
+    return [ph for ph in phases if ("quiet" if ph.load == "quiet" else "loaded") in args.phases]
 
 
 def _specs(phase: Phase, args: argparse.Namespace) -> list[dict]:
@@ -166,13 +167,20 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=5, help="calls per timed run")
     p.add_argument("--number", type=int, default=3, help="runs of each per repeat")
     p.add_argument("--repeats", type=int, default=None, help="default: jl.benchmark's")
-    p.add_argument("--budget", type=float, default=4.0, help="jl.benchmark(budget_s=...) per benchmark")
+    p.add_argument("--budget", type=float, default=4.0,
+                   help="jl.benchmark(budget_s=...) per benchmark (0: none, jl.benchmark's default: max_repeats alone)")
+    p.add_argument("--phases", default="quiet,loaded", help="which phases to run: quiet, loaded or both")
     p.add_argument("--than", type=float, default=1.05)
     p.add_argument("--burners", type=int, default=2)
     p.add_argument("--batch", type=int, default=35, help="sessions per worker process")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args()
-    options = {"number": args.number, "budget_s": args.budget, "than": args.than}
+    args.phases = {s.strip() for s in args.phases.split(",")}
+    if not args.phases or args.phases - {"quiet", "loaded"}:
+        raise SystemExit(f"--phases: quiet, loaded or both, got {sorted(args.phases)}")
+    options: dict = {"number": args.number, "than": args.than}
+    if args.budget > 0:
+        options["budget_s"] = args.budget
     if args.repeats is not None:
         options["repeats"] = args.repeats
     phases = _plan(args)

@@ -1,9 +1,11 @@
 """Metropolis chains: several at once, each with its own key, the acceptance rate checked per chain
-after burn-in with an aggregate invariant; and a chain whose accepted samples alone are kept with
+after burn-in with an aggregate invariant, their effective sample size and split R-hat (``jl.ess``);
+a proposal too small, caught by the ESS; and a chain whose accepted samples alone are kept with
 ``when=`` (decided on the device: only kept rows reach the file)."""
 
 import jax
 import numpy as np
+import pytest
 
 import pytest_jaxlog as jl
 from kernels.metropolis import make_chains
@@ -27,6 +29,20 @@ def test_chains_accept_at_a_healthy_rate(jaxlog):
     # the samples follow the target's correlation
     x = traj["x"][BURN_IN // 10:].reshape(-1, 2)
     assert 0.6 < np.corrcoef(x.T)[0, 1] < 0.95
+    # the chains agree and are worth a few hundred independent draws per coordinate after burn-in
+    jl.ess(traj["x"][BURN_IN // 10:], chain_axis=1).assert_at_least(400)
+
+
+def test_a_proposal_too_small_mixes_too_slowly(jaxlog):
+    """Its acceptance rate is high and its samples are right in the mean, but its chains are worth
+    a few dozen draws: the effective sample size catches what a check of values would pass."""
+    step, state = make_chains(CHAINS, scale=0.1)
+    run = jaxlog.run(step, state, STEPS, key=jax.random.key(0), batched=True,
+                     record={"x": jl.Record(lambda c: c.x, every=10)})
+    quality = jl.ess(run.trajectory["x"][BURN_IN // 10:], chain_axis=1)
+    with pytest.raises(jl.JaxlogError, match=r"split R-hat|effective sample size"):
+        quality.assert_at_least(400)
+    assert np.all(quality.pooled < 100)
 
 
 def test_only_accepted_samples_are_kept(jaxlog):

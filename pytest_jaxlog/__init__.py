@@ -64,6 +64,12 @@ _EXPORTS = {
     "monotonic": "check.invariants",
     "aggregate": "check.invariants",
     "invariant": "check.invariants",
+    # sampler quality and stepper order
+    "ess": "check.ess",
+    "EffectiveSampleSize": "check.ess",
+    "EssRate": "check.ess",
+    "convergence_order": "check.convergence",
+    "ConvergenceOrder": "check.convergence",
     # profiling and timings
     "ProfileWindow": "profiling.window",
     "Timeline": "profiling.timeline",
@@ -111,6 +117,8 @@ if _typing.TYPE_CHECKING:  # static re-exports for type checkers and IDEs
     from .check.invariants import (Invariant, InvariantViolation, aggregate, bounded, conserved, finite, invariant,
                                    monotonic)
     from .logs import LogEvent, log, spool, tap
+    from .check.ess import EffectiveSampleSize, EssRate, ess
+    from .check.convergence import ConvergenceOrder, convergence_order
     from .drive.loggers import CompositeLogger, Logger, NullLogger, ProgressLogger, RingBuffer
     from .profiling.timeline import Timeline
     from .profiling.window import ProfileWindow
