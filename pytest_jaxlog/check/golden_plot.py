@@ -129,7 +129,7 @@ def field_rank(values: Any, batched: bool) -> int:
 
 def _draw_field(axes: list[Any], obtained: Any, golden: Any, d: Any, diff: Any, batched: bool, rank: int) -> int:
     """One field record's row; returns the axes used."""
-    system = (int(d.index[0]),) if batched and d.index else ((0,) if batched else ())
+    system: tuple[int, ...] = (int(d.index[0]),) if batched and d.index else ((0,) if batched else ())
     a_steps, e_steps = np.asarray(obtained.steps(d.path)), np.asarray(golden.steps(d.path))
     common, ai, ei = np.intersect1d(a_steps, e_steps, return_indices=True)
     a_all = _floats(np.asarray(obtained[d.path])[ai][(slice(None), *system)])
