@@ -113,8 +113,9 @@ def test_a_resume_continues_on_the_mesh_and_equals_the_uninterrupted_run(kind, t
 
 def test_a_shard_map_kernel_logs_per_shard_and_reduced_values():
     """A halo-exchange stencil written with ``jax.shard_map`` (``ppermute`` to the neighbours, a
-    ``psum``): ``jl.log`` inside the mapped function records one row per shard, and the run's
-    state equals a plain ``lax.scan`` of the same step bit for bit."""
+    ``psum``): ``jl.log`` inside the mapped function records one row per shard, or one value
+    reduced over the shards (``shards=``), and the run's state equals a plain ``lax.scan`` of the
+    same step bit for bit."""
     out = _run_program(textwrap.dedent("""
         mesh = jax.make_mesh((4,), ("d",))
         put = lambda a: jax.device_put(a, NamedSharding(mesh, P("d")))
@@ -126,6 +127,9 @@ def test_a_shard_map_kernel_logs_per_shard_and_reduced_values():
             v = v + 0.1 * lap
             jl.log("shard_max", jnp.max(jnp.abs(v)))
             jl.log("momentum", lax.psum(jnp.sum(v), "d"))
+            jl.log("global_max", jnp.max(jnp.abs(v)), shards="max")  # reduced over the shards
+            jl.log("total", jnp.sum(v), shards="sum")
+            jl.log("p_once", lax.psum(jnp.sum(v), "d"), shards="first")  # each shard holds it whole
             return x + 0.1 * v, v
 
         mapped = jax.shard_map(local, mesh=mesh, in_specs=(P("d"), P("d")), out_specs=(P("d"), P("d")))
@@ -143,11 +147,19 @@ def test_a_shard_map_kernel_logs_per_shard_and_reduced_values():
             "momentum": np.allclose(traj["log/momentum"], np.repeat(v.sum(axis=1)[:, None], 4, axis=1),
                                     rtol=1e-5, atol=1e-6),
             "steps": traj.steps("log/momentum").tolist()[:3],
+            "reduced_shapes": [list(traj[k].shape) for k in ("log/global_max", "log/total", "log/p_once")],
+            "global_max": bool(np.array_equal(traj["log/global_max"], np.abs(v).max(axis=1))),
+            "total": bool(np.allclose(traj["log/total"], v.reshape(40, 4, 16).sum(axis=2).sum(axis=1),
+                                      rtol=1e-5, atol=1e-6)),
+            "p_once": bool(np.array_equal(traj["log/p_once"], traj["log/momentum"][:, 0])),
         }))
     """))
     assert out["state"] and out["v"], out
     assert out["max_shape"] == [40, 4] and out["max"], out  # one row per step, a column per shard
     assert out["momentum"] and out["steps"] == [1, 2, 3], out
+    # shards="max" / "sum" / "first": one value a step, reduced as the log asks
+    assert out["reduced_shapes"] == [[40], [40], [40]], out
+    assert out["global_max"] and out["total"] and out["p_once"], out
 
 
 def test_a_recorder_takes_states_on_a_mesh_of_explicit_axes():

@@ -943,3 +943,8 @@ def test_jl_log_stays_the_function_whatever_imports_the_log_layer_first():
             "print(float(logs['y']))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "2.0"
+
+
+def test_an_unknown_shard_reduction_is_one_error_naming_the_log():
+    with pytest.raises(jl.JaxlogError, match=r"log 'e' at .*: shards= is one of 'gather', 'sum'.*got 'median'"):
+        jl.spool(lambda x: jl.log("e", x, shards="median"))(jnp.ones(3))

@@ -251,6 +251,9 @@ def lane_leaves(name: str, record: str, schedule: Schedule, read: Callable[..., 
                 + (" (a scalar is recorded for every system only when it is computed from shared state leaves, "
                    "like a temperature; this one is computed from per-system leaves, e.g. a sum over the systems)"
                    if shared_paths is not None and not leaf.shape else "")
+                + (f" (a value logged inside the jax.vmap'ed per-system function is recorded for every system, "
+                   f"shared or not; log it there, or log jnp.broadcast_to(value, ({n_systems},)))"
+                   if record == LOG and not leaf.shape else "")
             )
         specs.append(LeafSpec(path, record, shape, np.dtype(dtype), schedule, key_impl))
     return LaneLeaves(tuple(specs), broadcast=broadcast)

@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import JaxlogError
 from ..record.records import check_name
 from .compat import enclosing_traces, tracer_trace
-from .primitive import COLLECTING, Site, log_p
+from .primitive import COLLECTING, SHARD_REDUCTIONS, Site, log_p
 
 __all__ = ["log", "check_log_name", "RESERVED_FIELDS", "calls_made", "probing", "Unheard", "unheard", "unheard_count"]
 
@@ -79,7 +79,9 @@ def _caller() -> str:
 
 
 _META_ADVICE = ("a string or other Python value that describes the run (a configuration, a convergence "
-                "message) goes in jl.run(..., meta={...}), kept as JSON in the file and read back as traj.meta")
+                "message) goes in jl.run(..., meta={...}), kept as JSON in the file and read back as traj.meta; "
+                "a message chosen inside the step is logged as an int code, its texts kept in meta= "
+                "(docs/log.md)")
 
 
 def _as_leaf(name: str, where: str, what: str, leaf: Any) -> Any:
@@ -136,7 +138,7 @@ def check_log_name(name: Any, where: str) -> str:
     raise JaxlogError(f"{where}: log name {name!r} is invalid: {advice}")
 
 
-def _log_one(name: Any, value: Any, capacity: Any, indices: dict, where: str) -> None:
+def _log_one(name: Any, value: Any, capacity: Any, indices: dict, where: str, shards: str = "gather") -> None:
     check_log_name(name, f"log at {where}")
     if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer))
                                  or capacity < 1):
@@ -156,24 +158,31 @@ def _log_one(name: Any, value: Any, capacity: Any, indices: dict, where: str) ->
     _count(name, where, collecting)
     if collecting:
         _check_live(name, where, operands)
-    site = Site(name, where, None if capacity is None else int(capacity), tree, tuple(indices))
+    if shards not in SHARD_REDUCTIONS:
+        raise JaxlogError(f"log {name!r} at {where}: shards= is one of {', '.join(map(repr, SHARD_REDUCTIONS))}, "
+                          f"got {shards!r}")
+    site = Site(name, where, None if capacity is None else int(capacity), tree, tuple(indices), shards)
     log_p.bind(*operands, site=site, vmapped=0)
 
 
-def log(name: Any, value: Any = None, *, capacity: int | None = None, **indices: Any) -> Any:
+def log(name: Any, value: Any = None, *, capacity: int | None = None, shards: str = "gather", **indices: Any) -> Any:
     """Log ``value`` (any pytree of arrays) under ``name``; returns ``value`` unchanged.
 
     ``jl.log({"a": x, "b": y})`` logs several names at once. Keyword ``indices`` (``step=i``,
     ``episode=e``) are stored beside the value. ``capacity=K``: inside a ``lax.while_loop``, keep
     the first ``K`` iterations' values (the count of iterations and an overflow flag come with
-    them). Free when nothing collects: the call is dropped when the code is compiled.
+    them). ``shards=``: inside a ``jax.shard_map``ped function, ``"gather"`` (one row per shard,
+    in the mesh's order) or one value reduced over the shards: ``"sum"``, ``"mean"``, ``"max"``,
+    ``"min"``, ``"first"`` (a value each shard already holds whole, after a ``psum``); outside a
+    ``shard_map`` it changes nothing. Free when nothing collects: the call is dropped when the code
+    is compiled.
     """
     where = _caller()
     if isinstance(name, dict):
         if value is not None:
             raise JaxlogError(f"log at {where}: jl.log(dict) takes no value argument (the dict maps names to values)")
         for k, v in name.items():
-            _log_one(k, v, capacity, indices, where)
+            _log_one(k, v, capacity, indices, where, shards)
         return name
-    _log_one(name, value, capacity, indices, where)
+    _log_one(name, value, capacity, indices, where, shards)
     return value

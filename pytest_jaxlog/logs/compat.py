@@ -16,9 +16,15 @@ from jax.interpreters import batching
 
 
 def register_batcher(primitive: Any, rule: Callable) -> None:
-    """``rule(args, dims, **params) -> (outs, out_dims)`` as ``primitive``'s vmap rule, through the
-    documented ``batching.primitive_batchers`` (called only when some operand is mapped)."""
-    batching.primitive_batchers[primitive] = rule
+    """``rule(size, args, dims, **params) -> (outs, out_dims)`` as ``primitive``'s vmap rule, with
+    ``size`` the mapped axis's length. Through ``batching.fancy_primitive_batchers``, which JAX
+    calls for every operand batching, all operands unmapped included: ``batching.primitive_batchers``
+    is skipped then (the primitive is bound outside the vmap), so a log of a value shared by
+    every system would lose its system axis there."""
+    def batcher(axis_data: Any, args: Any, dims: Any, **params: Any) -> Any:
+        return rule(axis_data.size, args, dims, **params)
+
+    batching.fancy_primitive_batchers[primitive] = batcher
 
 
 class ScanSplit(NamedTuple):

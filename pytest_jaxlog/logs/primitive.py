@@ -18,7 +18,10 @@ from jax.interpreters import ad, mlir
 
 from .compat import register_batcher
 
-__all__ = ["Site", "log_p", "COLLECTING"]
+__all__ = ["Site", "log_p", "COLLECTING", "SHARD_REDUCTIONS"]
+
+# how a log inside jax.shard_map comes out: "gather" one row per shard, or one value reduced over them
+SHARD_REDUCTIONS = ("gather", "sum", "mean", "max", "min", "first")
 
 # jit-cache-sensitive: kernels traced while collecting never share a jaxpr with kernels traced
 # without (the primitive's effects differ between the two).
@@ -34,6 +37,7 @@ class Site:
     capacity: int | None
     value_tree: Any  # treedef of the value
     index_names: tuple[str, ...]
+    shards: str = "gather"  # inside jax.shard_map: one row per shard, or reduced over them (SHARD_REDUCTIONS)
 
     @property
     def n_value(self) -> int:
@@ -99,10 +103,11 @@ def _log_transpose(cts, *args, site, vmapped):
 ad.primitive_transposes[log_p] = _log_transpose
 
 
-def _log_batch(args, dims, *, site, vmapped):
-    """Mapped axis first on every operand (unmapped ones broadcast): one row per system, and the
-    collector knows where the system axes are (``vmapped`` leading axes, outermost vmap first)."""
-    size = next(jnp.shape(x)[d] for x, d in zip(args, dims) if d is not None)
+def _log_batch(size, args, dims, *, site, vmapped):
+    """Mapped axis first on every operand (unmapped ones broadcast, those of a log that no operand
+    of is mapped too): one row per system whatever the value depends on, so ``jl.spool(jax.vmap(f))``
+    and a batched ``jl.run`` of ``jax.vmap(f)`` agree, and the collector knows where the system
+    axes are (``vmapped`` leading axes, outermost vmap first)."""
     moved = [jnp.moveaxis(x, d, 0) if d is not None else jnp.broadcast_to(x, (size, *jnp.shape(x)))
              for x, d in zip(args, dims)]
     outs = log_p.bind(*moved, site=site, vmapped=vmapped + 1)

@@ -309,4 +309,17 @@ def _shard_map(it: Interpreter, eqn: Any, invals: list) -> tuple[list, list[Entr
                            check_vma=sm.check_vma, axis_names=set(sm.axis_names))
     outs, gathered = mapped(*invals)
     shards = math.prod(sm.mesh.shape[a] for a in sm.axis_names)
-    return list(outs), [s.build(lv, (shards, *s.lead)) for s, lv in zip(found[-1], gathered)]
+    return list(outs), [s.build(lv, (shards, *s.lead)) if s.site.shards == "gather"
+                        else s.build([_over_shards(s.site.shards, x) for x in lv]) for s, lv in zip(found[-1], gathered)]
+
+
+def _over_shards(how: str, x: Any) -> Any:
+    """One value from a log's rows of the shards (axis 0), as ``jl.log(..., shards=how)`` asks."""
+    if how == "first":  # shard 0's row, by a reduction: a slice of an axis sharded over explicit mesh axes is refused
+        first = (jnp.arange(x.shape[0]) == 0).reshape((-1,) + (1,) * (x.ndim - 1))
+        return jnp.sum(jnp.where(first, x, jnp.zeros_like(x)), axis=0).astype(x.dtype)
+    if how == "sum":
+        return jnp.sum(x, axis=0)
+    if how == "mean":
+        return jnp.mean(x, axis=0)
+    return jnp.max(x, axis=0) if how == "max" else jnp.min(x, axis=0)
