@@ -13,14 +13,14 @@ import inspect
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from .check import args
 from .errors import JaxlogAssertionError, JaxlogError
 from .record.schedule import check_step
-from .store import golden_info
+from .store import golden_entries, golden_info
 from .names import golden_name as golden_name  # re-exported: tests and users name it here
 from .paths import shown
 from .store.provenance import provenance
@@ -181,6 +181,17 @@ class Diff:
     notes: list[str] = field(default_factory=list)
     n_elements: int = 0
     ends: tuple[str | None, str | None] = (None, None)  # how each run ended, where either stopped early
+    # per-record tolerances (``tolerances=``), resolved per leaf path: {path: (rtol, atol)}
+    per_record: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def tol_for(self, path: str) -> tuple[float, float]:
+        """(rtol, atol) a record is compared with: its own where ``tolerances=`` names it."""
+        return self.per_record.get(path, (self.rtol, self.atol))
+
+    def tol_text(self, path: str | None = None) -> str:
+        rtol, atol = self.tol_for(path) if path is not None else (self.rtol, self.atol)
+        own = " (this record's)" if path in self.per_record else ""
+        return f"rtol={rtol:g}, atol={atol:g}{own}"
 
     @property
     def ok(self) -> bool:
@@ -215,7 +226,7 @@ class Diff:
         lines = [f"[jaxlog] trajectories differ: {first.summary()}"]
         shown = [first]
         if first.kind == "values":
-            lines.append(f"  {first.stats()} ({tol})")
+            lines.append(f"  {first.stats()} ({self.tol_text(first.path)})")
         else:
             lines += self._after_structural(first, expected, tol, shown)
         others = [d for d in self.differences if all(d is not s for s in shown)]
@@ -224,7 +235,7 @@ class Diff:
             for d in others:
                 line = f"    - {d.summary()}"
                 if d.kind == "values":
-                    line += f"; {d.stats()}"
+                    line += f"; {d.stats()}" + (f" ({self.tol_text(d.path)})" if d.path in self.per_record else "")
                 lines.append(line)
         if self.actual_path or self.expected_path:
             lines.append(
@@ -250,7 +261,7 @@ class Diff:
         if values:
             div = min(values, key=lambda d: (d.step if d.step is not None else -1))
             shown.append(div)
-            lines.append(f"  first divergence: {div.summary()}; {div.stats()} ({tol})")
+            lines.append(f"  first divergence: {div.summary()}; {div.stats()} ({self.tol_text(div.path)})")
         elif not any(d.kind in ("missing", "extra", "shape", "dtype") for d in self.differences):
             lines.append(f"  the values agree at the steps both have ({tol})")
         return lines
@@ -353,6 +364,7 @@ def diff_trajectories(
     records: Sequence[str] | str | None = None,
     steps: Any = None,
     equal_nan: bool = True,
+    tolerances: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Diff:
     """Compare two trajectories record by record; returns a ``Diff`` (never raises on a difference).
 
@@ -360,10 +372,14 @@ def diff_trajectories(
     then values with ``|a - e| <= atol + rtol * |e|``. Floating records honour the tolerances and
     the NaN policy (``equal_nan=True``: NaN matches NaN at the same position only); integer, bool
     and PRNG-key records compare exactly. Values are still compared at the common steps when the
-    step sets differ, so the first divergence is reported either way.
+    step sets differ, so the first divergence is reported either way. ``tolerances``: per-record
+    ``{"rtol": ..., "atol": ...}`` by record (a leaf path or a prefix of leaf paths; the longest
+    match wins), over ``rtol``/``atol`` (``jl.calibrate`` derives them from the spread of runs that
+    should agree; other numeric fields of an entry, such as that spread, are kept and checked).
     """
     a_traj, e_traj = as_trajectory(actual), as_trajectory(expected)
     rtol, atol, chosen, equal_nan = _checked_options(rtol, atol, records, steps, equal_nan, a_traj, e_traj)
+    own = record_tolerances(tolerances, rtol, atol, a_traj, e_traj)
     a_recs, e_recs = tuple(a_traj.records), tuple(e_traj.records)
     if chosen is None:
         paths = list(e_recs) + [p for p in a_recs if p not in e_recs]
@@ -377,6 +393,7 @@ def diff_trajectories(
         atol=float(atol),
         equal_nan=equal_nan,
         records=tuple(paths),
+        per_record={p: t for p in paths if (t := own(p)) is not None},
     )
     for path in paths:
         if path not in a_recs:
@@ -422,8 +439,9 @@ def diff_trajectories(
             )
         common, ai, ei = np.intersect1d(a_steps, e_steps, assume_unique=True, return_indices=True)
         diff.n_elements += int(np.prod(e_vals.shape[1:], dtype=np.int64)) * len(common)
+        r_tol, a_tol = diff.tol_for(path)
         vd = _compare_values(
-            path, common, a_vals[ai], e_vals[ei], rtol=rtol, atol=atol, equal_nan=equal_nan, batched=batched
+            path, common, a_vals[ai], e_vals[ei], rtol=r_tol, atol=a_tol, equal_nan=equal_nan, batched=batched
         )
         if vd is not None:
             diff.differences.append(vd)
@@ -431,6 +449,30 @@ def diff_trajectories(
         diff.notes += provenance_notes(a_traj, e_traj)
         diff.ends = run_ends(a_traj, e_traj)
     return diff
+
+
+def record_tolerances(tolerances: Any, rtol: float, atol: float, *trajs: Any) -> Callable[[str], tuple | None]:
+    """Validate ``tolerances=`` and return the lookup of a leaf path's (rtol, atol), None where no
+    entry names it: each key must name records of the trajectories, each entry be a mapping of
+    finite numbers >= 0."""
+    if tolerances is None:
+        return lambda path: None
+    if not isinstance(tolerances, Mapping):
+        raise JaxlogError(f"tolerances= takes {{record: {{'rtol': ..., 'atol': ...}}}}, got {tolerances!r:.80}")
+    table: dict[str, tuple[float, float]] = {}
+    for key, entry in tolerances.items():
+        if not isinstance(key, str) or not isinstance(entry, Mapping):
+            raise JaxlogError(f"tolerances[{key!r}]: takes a record name and {{'rtol': ..., 'atol': ...}}, "
+                              f"got {entry!r:.80}")
+        select_records([key], *trajs)  # a record neither trajectory has is an error, as for records=
+        for name, value in entry.items():
+            args.tolerance(value, f"tolerances[{key!r}][{name!r}]")
+        table[key] = (float(entry.get("rtol", rtol)), float(entry.get("atol", atol)))
+
+    def lookup(path: str) -> tuple | None:
+        hits = [k for k in table if path == k or path.startswith(k + "/")]
+        return table[max(hits, key=len)] if hits else None
+    return lookup
 
 
 def _last(steps: np.ndarray) -> int | None:
@@ -552,15 +594,18 @@ def assert_trajectory_close(actual: Any, expected: Any, *options: Any, hint: str
 
 def stored_options(expected: Any) -> dict[str, Any]:
     """The comparison options a golden file stores (those ``check_golden`` checked it with when it
-    was made); empty for an older golden or any other trajectory."""
-    return golden_info.options(getattr(as_trajectory(expected), "golden", None) or {})
+    was made); empty for an older golden or any other trajectory. A stored option that is not
+    valid (a NaN tolerance) is a JaxlogError naming the file and the field."""
+    traj = as_trajectory(expected)
+    return golden_info.options(getattr(traj, "golden", None) or {}, where=f"golden {display_path(_path_of(traj))}")
 
 
 def platform_difference(expected: Any) -> str | None:
     """Where a golden was made, when that is not this platform (backend, device kind, jax, x64);
     None when the same, or when the golden does not say."""
-    made = (getattr(as_trajectory(expected), "golden", None) or {}).get("platform")
-    if not isinstance(made, dict):
+    traj = as_trajectory(expected)
+    made = golden_info.stored_platform(getattr(traj, "golden", None) or {}, f"golden {display_path(_path_of(traj))}")
+    if made is None:
         return None
     here = golden_info.platform(provenance())
     if all(made.get(k) == here[k] for k in golden_info.PLATFORM_KEYS):
@@ -588,15 +633,147 @@ def regen_hint(golden_path: str | os.PathLike, create: bool = False) -> str:
     return f"run pytest with {REGEN_FLAG} to {verb} {display_path(golden_path)}"
 
 
+@dataclass(frozen=True)
+class GoldenComparison:
+    """A check of a golden with per-platform entries: ``choice`` the entries found, ``entry`` the
+    one compared with, ``here`` this platform, ``target`` the entry a regeneration here writes
+    (this platform's, or a new one beside the reference), ``diff`` the comparison."""
+
+    golden: Path
+    choice: golden_entries.Choice
+    entry: golden_entries.Entry
+    here: dict
+    target: Path
+    diff: Diff
+
+    @property
+    def ok(self) -> bool:
+        return self.diff.ok
+
+    @property
+    def fallback(self) -> bool:
+        """No entry for this platform: compared with the reference at its stored tolerance."""
+        return self.choice.mine is None
+
+    def provenance_line(self) -> str:
+        """What a failure says first: which entry, where it was made, where this run was."""
+        here = golden_info.platform_line(self.here)
+        made = golden_info.platform_line(self.entry.made)
+        shown = display_path(self.entry.path)
+        if not self.fallback:
+            where = f"this platform ({here})" if made == here else f"{made}; this platform: {here}"
+            return f"[jaxlog] golden {shown} (this platform's entry) made on {where}"
+        tol = f"rtol={self.diff.rtol:g}, atol={self.diff.atol:g}"
+        return (f"[jaxlog] golden {shown} has no entry for this platform: compared with its reference entry, made "
+                f"on {made}, at the tolerance it stores ({tol}); this platform: {here}")
+
+    def hint(self) -> str:
+        """The flag that fixes it: regenerate this platform's entry, or add one (never another's)."""
+        if not self.fallback:
+            kept = "; other platforms' entries are kept" if len(self.choice.entries) > 1 else ""
+            return f"{regen_hint(self.target)} (this platform's entry{kept})"
+        return (f"run pytest with {REGEN_FLAG} to add this platform's entry {display_path(self.target)} "
+                f"(the reference entry {display_path(self.golden)} is kept)")
+
+    def message(self, hint: str | None = None) -> str:
+        report = self.diff.report(hint=self.hint() if hint is None else hint, expected="golden")
+        return f"{self.provenance_line()}\n{report}"
+
+
+def here_platform(actual: Any) -> dict:
+    """The platform the obtained run was made on: its provenance, this process's where it says
+    nothing (a trajectory made from arrays)."""
+    made = golden_info.platform(getattr(as_trajectory(actual), "provenance", None) or {})
+    return {k: v if v is not None else golden_info.platform(provenance())[k] for k, v in made.items()}
+
+
+def compare_golden(actual: Any, golden_path: str | os.PathLike, **options: Any) -> GoldenComparison:
+    """Compare ``actual`` with the entry of golden ``golden_path`` for its platform, else with the
+    reference entry at the tolerance the reference stores (``rtol``, ``atol`` over those given);
+    never raises on a difference. The golden must exist."""
+    golden_path = Path(golden_path)
+    options = comparison_options("compare_golden", (), options)
+    here = here_platform(actual)
+    choice = golden_entries.choose(golden_path, here)
+    entry = choice.entry
+    if entry is None:
+        raise JaxlogError(f"[jaxlog] golden trajectory {display_path(golden_path)} does not exist; "
+                          + regen_hint(golden_path, create=True))
+    if choice.mine is None:
+        stored = entry.stored
+        options = {**options, **{k: stored[k] for k in ("rtol", "atol") if k in stored}}
+    diff = diff_trajectories(actual, entry.path, **options)
+    target = entry.path if choice.mine is not None else golden_entries.entry_path(
+        golden_path, golden_entries.Platform.of(here, None))
+    return GoldenComparison(golden_path, choice, entry, here, target, diff)
+
+
+def write_golden(actual: Any, path: str | os.PathLike, jax_range: dict | None = None, **options: Any) -> Path:
+    """Write ``actual`` as the golden entry ``path`` with the comparison ``options`` it is checked
+    with (validated against the run first) and the jax versions it stands for. With ``records=``
+    or ``steps=`` the file keeps only those records and steps (what is compared): goldens stay
+    small. Atomic: written beside, then renamed."""
+    path = Path(path)
+    traj = as_trajectory(actual)
+    given = _DIFF.bind(traj, traj, **comparison_options("write_golden", (), options))
+    given.apply_defaults()  # validated now (records against this run), not at the next check
+    chosen = {name: given.arguments[name] for name in COMPARISON_OPTIONS}
+    rtol, atol, *_ = _checked_options(*(chosen[k] for k in ("rtol", "atol", "records", "steps", "equal_nan")), traj)
+    record_tolerances(chosen["tolerances"], rtol, atol, traj)
+    info = golden_info.describe(chosen, here_platform(traj), jax_range)
+    kept = _kept(traj, chosen["records"], chosen["steps"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix or '.h5'}")
+    try:
+        kept.save(tmp, golden=info)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+def _kept(traj: Any, records: Any, steps: Any) -> Any:
+    """``traj`` with only the ``records`` and ``steps`` a golden is compared on (itself when both are None)."""
+    if records is None and steps is None:
+        return traj
+    from .record.frames import Frames, Schema
+    from .store.trajectory import Trajectory
+
+    paths = select_records(records, traj) or traj.records
+    frames = Frames()
+    for name in paths:
+        s = np.asarray(traj.steps(name), np.int64)
+        keep = _step_mask(s, steps)
+        frames.add(name, s[keep], np.asarray(traj[name])[keep])
+    schema = Schema(tuple(leaf for leaf in traj.schema.leaves if leaf.path in paths), traj.schema.batched,
+                    traj.schema.dt)
+    info = {"status": traj.status, "steps_done": traj.steps_done, "violation": traj.violation,
+            "meta": traj.description, "provenance": traj.provenance}
+    return Trajectory(schema, info, frames=frames, attachments={})
+
+
+def regenerate(actual: Any, golden_path: str | os.PathLike, **options: Any) -> Path:
+    """Write this platform's entry of golden ``golden_path`` (its jax range kept), the reference
+    when the golden has none yet, else a new entry beside it; never another platform's. Returns
+    the file written."""
+    target, jax_range = golden_entries.target(Path(golden_path), here_platform(actual))
+    return write_golden(actual, target, jax_range, **options)
+
+
 @_share_options(inspect.Parameter.KEYWORD_ONLY)
 def check_golden(actual: Any, golden_path: str | os.PathLike, *, regen: bool, **options: Any) -> str:
     """Compare ``actual`` with the golden file, or (``regen=True``) write it. Returns "ok" | "regenerated".
     ``options``: every option of ``assert_trajectory_close`` (rtol, atol, records, steps, equal_nan),
     passed through unchanged.
 
-    Regeneration is unconditional (every golden a session touches is rewritten, not only failing
-    ones) and atomic (written beside, then renamed), so parallel workers never see half a file.
-    A misspelt option or unknown record fails on regeneration too, not at the next check.
+    A golden holds entries per platform (``jl.store.golden_entries``): the check compares with the
+    entry for the run's platform, else with the reference entry (``golden_path``) at the tolerance
+    it stores, and a failure leads with where the entry was made. Regeneration writes only this
+    platform's entry (the reference when the golden has none yet, a new entry beside it when the
+    reference is another platform's), unconditionally (every golden a session touches, not only
+    failing ones) and atomically (written beside, then renamed), so parallel workers never see
+    half a file. A misspelt option or unknown record fails on regeneration too, not at the next check.
     """
     __tracebackhide__ = True
     if not isinstance(golden_path, (str, os.PathLike)):
@@ -604,29 +781,14 @@ def check_golden(actual: Any, golden_path: str | os.PathLike, *, regen: bool, **
     golden_path = Path(golden_path)
     options = comparison_options("check_golden", (), options)
     if args.flag(regen, "check_golden(regen=...)"):
-        traj = as_trajectory(actual)
-        given = _DIFF.bind(traj, traj, **options)
-        given.apply_defaults()  # validated now (records against this run), not at the next check
-        _checked_options(*(given.arguments[name] for name in COMPARISON_OPTIONS), traj)
-        golden_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = golden_path.with_name(f".{golden_path.stem}.{os.getpid()}.tmp{golden_path.suffix or '.h5'}")
-        info = golden_info.describe({k: given.arguments[k] for k in COMPARISON_OPTIONS},
-                                    traj.provenance or provenance())
-        try:
-            traj.save(tmp, golden=info)
-            os.replace(tmp, golden_path)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
+        regenerate(actual, golden_path, **options)
         return "regenerated"
     if not golden_path.exists():
         raise TrajectoryMismatch(
             f"[jaxlog] golden trajectory {display_path(golden_path)} does not exist; "
             + regen_hint(golden_path, create=True)
         )
-    diff = diff_trajectories(actual, golden_path, **options)
-    if not diff.ok:
-        raise TrajectoryMismatch(diff.report(hint=regen_hint(golden_path), expected="golden"), diff)
+    result = compare_golden(actual, golden_path, **options)
+    if not result.ok:
+        raise TrajectoryMismatch(result.message(), result.diff)
     return "ok"
-
-

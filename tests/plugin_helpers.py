@@ -29,10 +29,11 @@ STATE = (jnp.linspace(0.0, 1.0, 8), jnp.zeros(8))
 
 @pytest.fixture(autouse=True)
 def no_jaxlog_env(monkeypatch):
-    """The inner sessions see the plugin's defaults, whatever JAXLOG_* the outer one has (CI sets
-    JAXLOG_KEEP). Autouse in every module that imports it."""
+    """The inner sessions see the plugin's defaults, whatever JAXLOG_* (or CI) the outer one has (CI
+    sets JAXLOG_KEEP). Autouse in every module that imports it."""
     for name in [k for k in os.environ if k.startswith("JAXLOG_")]:
         monkeypatch.delenv(name)
+    monkeypatch.delenv("CI", raising=False)  # CI turns golden review on: a test that wants it sets it
 
 
 def fresh_programs() -> None:

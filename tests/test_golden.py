@@ -290,8 +290,12 @@ def test_check_golden_cycle(tmp_path, monkeypatch):
     with pytest.raises(AssertionError) as info:
         check_golden(changed, golden, regen=False, rtol=1e-7, atol=0)
     msg = str(info.value)
-    assert msg.startswith("[jaxlog] trajectories differ: record 'energy' first differs at step 1834: obtained -251.3")
-    assert msg.splitlines()[-1] == f"run pytest with --jaxlog-regen to regenerate {golden}"
+    # the provenance leads: which entry, made where (here: this platform, jax "test" of PROV)
+    assert msg.splitlines()[0] == (f"[jaxlog] golden {golden} (this platform's entry) made on this platform (backend "
+                                   "'cpu', device kind 'cpu', jax test, x64 off)")
+    assert msg.splitlines()[1].startswith(
+        "[jaxlog] trajectories differ: record 'energy' first differs at step 1834: obtained -251.3")
+    assert msg.splitlines()[-1] == f"run pytest with --jaxlog-regen to regenerate {golden} (this platform's entry)"
     assert "note:" not in msg
     assert check_golden(changed, golden, regen=False, rtol=1e-7, atol=0, records=["state"]) == "ok"
     # regeneration is unconditional and overwrites
@@ -348,14 +352,14 @@ def test_comparison_options_declared_once(tmp_path):
     import inspect
 
     sig = inspect.signature(jl.assert_trajectory_close)
-    assert list(sig.parameters)[2:] == ["rtol", "atol", "records", "steps", "equal_nan", "hint"]
+    assert list(sig.parameters)[2:] == ["rtol", "atol", "records", "steps", "equal_nan", "tolerances", "hint"]
     assert sig.parameters["rtol"].default == 1e-7 and sig.parameters["hint"].kind is inspect.Parameter.KEYWORD_ONLY
     a, e = make_traj({"v": ([0, 1], [1.0, 2.0])}), make_traj({"v": ([0, 1], [1.0, 2.1])})
     jl.assert_trajectory_close(a, e, 0.1)
     with pytest.raises(AssertionError, match="(?s)rtol=0.001.*HINT"):
         jl.assert_trajectory_close(a, e, 1e-3, hint="HINT")
     with pytest.raises(jl.JaxlogError, match=r"check_golden: unknown option 'rtoll'; the options are rtol, atol, "
-                                             r"records, steps, equal_nan"):
+                                             r"records, steps, equal_nan, tolerances"):
         check_golden(a, tmp_path / "g.h5", regen=True, rtoll=1e-3)
     with pytest.raises(jl.JaxlogError, match="record 'w' is not recorded"):  # a misspelt record too
         check_golden(a, tmp_path / "g.h5", regen=True, records=["w"])
@@ -372,7 +376,7 @@ def test_check_golden_passes_every_option_through(tmp_path):
 
     shared = [n for n in inspect.signature(jl.assert_trajectory_close).parameters if n not in ("actual", "expected", "hint")]
     golden_sig = inspect.signature(check_golden).parameters
-    assert shared == list(COMPARISON_OPTIONS) == ["rtol", "atol", "records", "steps", "equal_nan"]
+    assert shared == list(COMPARISON_OPTIONS) == ["rtol", "atol", "records", "steps", "equal_nan", "tolerances"]
     assert all(golden_sig[n].kind is inspect.Parameter.KEYWORD_ONLY for n in shared)
     assert all(golden_sig[n].default == inspect.signature(jl.assert_trajectory_close).parameters[n].default for n in shared)
 
@@ -424,7 +428,7 @@ def test_comparison_failures_are_trajectory_mismatches(tmp_path):
         (lambda a: jl.assert_trajectory_close(a, a, steps=[0, -2]), r"each step number must be >= 0, got -2"),
         (lambda a: jl.assert_trajectory_close(a, a, steps=slice(0, 5, 0)), r"positive stride"),
         (lambda a: jl.assert_trajectory_close(a, a, steps=slice("a", 5)), r"slice\(start, ...\) must be an integer step"),
-        (lambda a: jl.assert_trajectory_close(a, a, 1e-7, 0.0, None, None, True, 5), r"at most 5 comparison options"),
+        (lambda a: jl.assert_trajectory_close(a, a, 1e-7, 0.0, None, None, True, None, 5), r"at most 6 comparison options"),
         (lambda a: jl.assert_trajectory_close(a, a, 1e-7, rtol=1e-3), r"option 'rtol' given twice"),
         (lambda a: jl.assert_trajectory_close(a, a, tol=1e-3), r"unknown option 'tol'"),
         (lambda a: jl.assert_trajectory_close(a, 42), r"cannot compare a int"),

@@ -6,6 +6,7 @@ override them) and says where the golden was made when that is not here. Goldens
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -48,9 +49,10 @@ def test_a_golden_stores_the_options_it_is_checked_with_and_its_platform(tmp_pat
     assert check_golden(traj(), golden, regen=True, rtol=1e-4, atol=1e-9, records="x") == "regenerated"
     stored = jl.load(golden).golden
     here = provenance()
-    assert stored == {"rtol": 1e-4, "atol": 1e-9, "records": ["x"], "steps": None, "equal_nan": True,
+    assert stored == {"rtol": 1e-4, "atol": 1e-9, "records": ["x"], "steps": None, "equal_nan": True, "tolerances": None,
                       "platform": {"backend": here["backend"], "device_kind": here["device_kind"],
-                                   "jax": here["jax"], "x64": here["x64"]}}
+                                   "jax": here["jax"], "x64": here["x64"]},
+                      "jax_range": {"from": here["jax"], "below": "0.{}".format(int(here["jax"].split(".")[1]) + 1)}}
     # the data are the run's, bit for bit
     np.testing.assert_array_equal(jl.load(golden)["x"], BASE)
     # a steps= selection is stored too, and read back as the same selection
@@ -114,10 +116,19 @@ def test_a_golden_written_the_old_way_compares_as_before(tmp_path):
 def test_a_damaged_golden_attribute(tmp_path):
     golden = tmp_path / "g.h5"
     check_golden(traj(), golden, regen=True, rtol=1e-4)
-    with h5py.File(golden, "r+") as f:  # fields of the wrong kind read as absent
-        f["jaxlog"].attrs["golden"] = np.bytes_(json.dumps(
-            {"rtol": "loose", "atol": -1, "records": [3], "steps": {"slice": [1]}, "platform": 5}).encode())
-    assert golden_options(golden, {}) == ({}, [])
+    # a field of the wrong kind (a gate that would compare something else than it says) is one
+    # JaxlogError naming the file and the field
+    for field, bad in (("rtol", "loose"), ("atol", -1), ("rtol", float("nan")), ("atol", float("inf")),
+                       ("records", [3]), ("steps", {"slice": [1]}), ("equal_nan", "yes"), ("platform", 5),
+                       ("jax_range", {"from": "x"})):
+        with h5py.File(golden, "r+") as f:
+            f["jaxlog"].attrs["golden"] = np.bytes_(json.dumps({field: bad}).encode())
+        with pytest.raises(jl.JaxlogError, match=rf"golden {re.escape(str(golden))}: stored field '{field}' is "):
+            golden_options(golden, {})
+        with pytest.raises(jl.JaxlogError, match=f"stored field '{field}'"):
+            check_golden(traj(), golden, regen=False)
+    check_golden(traj(), golden, regen=True, rtol=1e-4)  # what the message advises repairs it
+    assert golden_options(golden, {})[0]["rtol"] == 1e-4
     with h5py.File(golden, "r+") as f:  # not an object: the file is malformed, one JaxlogError naming it
         f["jaxlog"].attrs["golden"] = np.bytes_(b"[1, 2]")
     with pytest.raises(jl.JaxlogError, match="'golden' must be an object or null"):

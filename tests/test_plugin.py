@@ -75,7 +75,7 @@ def test_help_shows_options_with_defaults_and_env_vars(pytester):
         assert opt.flag_name in flat and f"env: {opt.env}" in flat, opt.key
     assert {o.env for o in OPTIONS.values()} == {
         "JAXLOG_DIR", "JAXLOG_KEEP", "JAXLOG_PROFILE", "JAXLOG_ON_VIOLATION", "JAXLOG_PROGRESS", "JAXLOG_CHUNK",
-        "JAXLOG_COMPILE_CACHE", "JAXLOG_REGEN", "JAXLOG_CREATE_GOLDENS",
+        "JAXLOG_COMPILE_CACHE", "JAXLOG_REGEN", "JAXLOG_CREATE_GOLDENS", "JAXLOG_GOLDEN_REVIEW",
         "JAXLOG_CLEAN_STALE"}
 
 

@@ -100,7 +100,8 @@ def _draw_record(left: Any, right: Any, obtained: Any, golden: Any, d: Any, diff
     common, ai, ei = np.intersect1d(a_steps, e_steps, return_indices=True)
     with np.errstate(invalid="ignore", over="ignore"):
         err = np.abs(a[ai] - e[ei])
-        tol = diff.atol + diff.rtol * np.abs(e[ei])
+        rtol, atol = diff.tol_for(d.path)
+        tol = atol + rtol * np.abs(e[ei])
     right.plot(common, err, color="tab:red", lw=1.0, label="|obtained - golden|", **point_style(len(common)))
     right.plot(common, tol, color="tab:green", lw=1.0, ls=":", label="tolerance")
     if np.nanmax(np.where(np.isfinite(err), err, np.nan), initial=0.0) > 0:
@@ -132,11 +133,13 @@ def _draw_field(axes: list[Any], obtained: Any, golden: Any, d: Any, diff: Any, 
     system: tuple[int, ...] = (int(d.index[0]),) if batched and d.index else ((0,) if batched else ())
     a_steps, e_steps = np.asarray(obtained.steps(d.path)), np.asarray(golden.steps(d.path))
     common, ai, ei = np.intersect1d(a_steps, e_steps, return_indices=True)
-    a_all = _floats(np.asarray(obtained[d.path])[ai][(slice(None), *system)])
-    e_all = _floats(np.asarray(golden[d.path])[ei][(slice(None), *system)])
+    pick: tuple[Any, ...] = (slice(None), *system)
+    a_all = _floats(np.asarray(obtained[d.path])[ai][pick])
+    e_all = _floats(np.asarray(golden[d.path])[ei][pick])
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         err = np.abs(a_all - e_all)
-        tol = diff.atol + diff.rtol * np.abs(e_all)
+        rtol, atol = diff.tol_for(d.path)
+        tol = atol + rtol * np.abs(e_all)
         ratio = np.where(err == 0, 0.0, err / tol)
     at = int(np.searchsorted(common, d.step)) if d.step is not None and d.step in common else 0
     a, e = a_all[at], e_all[at]
@@ -191,4 +194,5 @@ def _floats(values: np.ndarray) -> np.ndarray:
 
 def _title(diff: Any) -> str:
     where = f": {Path(diff.expected_path).name}" if diff.expected_path else ""
-    return f"obtained against golden{where} (rtol={diff.rtol:g}, atol={diff.atol:g})"
+    own = f"; {len(diff.per_record)} records at their own tolerances" if diff.per_record else ""
+    return f"obtained against golden{where} (rtol={diff.rtol:g}, atol={diff.atol:g}{own})"

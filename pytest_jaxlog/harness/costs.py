@@ -52,7 +52,8 @@ def check_cost(session: JaxlogSession, state: TestState, checked: set[Path], run
                                    f"jax version\nto create it, run pytest with {CREATE_FLAG} (missing goldens "
                                    f"only) or {REGEN_FLAG}")
     else:
-        moved = costfile.compare(entries[key].get("metrics", {}), cost.metrics(), rtol, metrics)
+        moved = costfile.compare(entries[key].get("metrics", {}), cost.metrics(), rtol, metrics,
+                                 where=f"cost golden {shown} entry {key!r}")
         if moved:
             from . import failure_plots
 

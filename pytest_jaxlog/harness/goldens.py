@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import JaxlogAssertionError, JaxlogError, JaxlogRuntimeWarning
-from .options import GOLDEN_DIR_INI, OPTIONS
+from .options import GOLDEN_DIR_INI, OPTIONS, lookup
 from .session import GoldenNote, JaxlogSession, TestState
 
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 CREATE_FLAG = OPTIONS["create_goldens"].flag_name
 REGEN_FLAG = OPTIONS["regen"].flag_name
+REVIEW_FLAG = OPTIONS["golden_review"].flag_name
 _SCAN_LIMIT = 20000  # files looked at when searching for a golden under another name
 
 
@@ -36,8 +37,7 @@ def golden_path(session: JaxlogSession, nodeid: str, name: str | None) -> Path:
 def check(session: JaxlogSession, state: TestState, checked: set[Path], run: Any, name: str | None,
           options: dict[str, Any]) -> str:
     """The fixture's ``check_golden``: compare, regenerate or create; returns ok|regenerated|created."""
-    from ..golden import TrajectoryMismatch, check_golden, diff_trajectories
-    from . import failure_plots
+    from ..golden import diff_trajectories, regenerate
 
     __tracebackhide__ = True
     if name is not None and (not _NAME.fullmatch(str(name)) or str(name).startswith(".")):
@@ -53,23 +53,22 @@ def check(session: JaxlogSession, state: TestState, checked: set[Path], run: Any
             "give each checked run its own name= (e.g. name=\"second\")"
         )
     checked.add(path)
-    if session.regen:
-        status = check_golden(run, path, regen=True, **options)
+    written = path
+    if session.golden_review and path.exists():
+        status = _compare(session, state, run, path, name, options)
+    elif session.regen:
+        written, status = regenerate(run, path, **options), "regenerated"
     elif not path.exists() and session.create_goldens:
-        check_golden(run, path, regen=True, **options)
+        regenerate(run, path, **options)
         status = "created"
     elif not path.exists():
         raise JaxlogAssertionError(missing_message(session, state.nodeid, path))
     else:
-        try:
-            status = check_golden(run, path, regen=False, **options)
-        except TrajectoryMismatch as exc:
-            failure_plots.golden_mismatch(session, state, run, path, name, exc)
-            raise
-    state.goldens.append(GoldenNote(path, status))
+        status = _compare(session, state, run, path, name, options)
+    state.goldens.append(GoldenNote(written, status))
     if status == "regenerated":
         warnings.warn(JaxlogRuntimeWarning(
-            f"[jaxlog] regenerated golden {session.display(path)} ({REGEN_FLAG}){_status_note(run)}"), stacklevel=3)
+            f"[jaxlog] regenerated golden {session.display(written)} ({REGEN_FLAG}){_status_note(run)}"), stacklevel=3)
     elif status == "created":
         found = find_elsewhere(session, state.nodeid, path)
         other = f"; note: {found[0].explain(session)}" if found else ""
@@ -77,6 +76,40 @@ def check(session: JaxlogSession, state: TestState, checked: set[Path], run: Any
             f"[jaxlog] created missing golden {session.display(path)} ({CREATE_FLAG}){_status_note(run)}{other}"),
             stacklevel=3)
     return status
+
+
+def _compare(session: JaxlogSession, state: TestState, run: Any, path: Path, name: str | None,
+             options: dict[str, Any]) -> str:
+    """Compare with this platform's entry (else the reference); a difference fails the test, and
+    under review writes the obtained golden beside the entry as a pending file first."""
+    from ..golden import TrajectoryMismatch, compare_golden
+    from . import failure_plots
+
+    __tracebackhide__ = True
+    result = compare_golden(run, path, **options)
+    if result.ok:
+        return "ok"
+    hint = _review(session, state, run, result, options) if session.golden_review else None
+    exc = TrajectoryMismatch(result.message(hint), result.diff)
+    failure_plots.golden_mismatch(session, state, run, result.entry.path, name, exc)
+    raise exc
+
+
+def _review(session: JaxlogSession, state: TestState, run: Any, result: Any, options: dict[str, Any]) -> str:
+    """Write the pending golden of a mismatch (the golden itself untouched); the message's last line."""
+    from ..golden import write_golden
+    from ..store import golden_pending
+
+    jax_range = result.choice.mine.platform.jax_range if result.choice.mine is not None else None
+    summary = "\n".join([result.provenance_line(), *result.diff.report().splitlines()[:2]])
+    pending = golden_pending.write(lambda tmp: write_golden(run, tmp, jax_range, **options), result.target,
+                                   session.golden_dir, test=state.nodeid, summary=summary)
+    state.goldens.append(GoldenNote(result.target, "pending", pending.data, pending.id))
+    source = lookup(session.config, "golden_review")
+    why = "CI is set" if source.origin == "default" else f"{source.label} is on"
+    return (f"golden left as it is (review: {why}); the obtained one is pending as {session.display(pending.data)}"
+            f"\nto apply it: python -m pytest_jaxlog golden accept {pending.id} (reject: drop it; --all: every "
+            "pending golden)")
 
 
 def _status_note(run: Any) -> str:
@@ -180,8 +213,11 @@ def _golden_dirs(session: JaxlogSession, nodeid: str) -> list[Path]:
 
 
 def _files(directory: Path) -> list[Path]:
+    from ..store.golden_entries import PLATFORMS
+
     out: list[Path] = []
-    for root, _, files in os.walk(directory):
+    for root, dirs, files in os.walk(directory):
+        dirs[:] = [d for d in dirs if not d.endswith(PLATFORMS)]  # other platforms' entries of a golden
         for name in files:
             if name.endswith(".h5"):
                 out.append(Path(root) / name)

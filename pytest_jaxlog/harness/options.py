@@ -81,6 +81,9 @@ OPTIONS: dict[str, Option] = {
         Option("regen", False, "write or overwrite every golden trajectory the session checks", flag=True, ini=False),
         Option("create_goldens", False, "write goldens that do not exist yet (the test passes with a warning naming "
                "the file); existing goldens are still compared", flag=True),
+        Option("golden_review", False, "review goldens instead of rewriting them: a golden that differs is left as "
+               "it is and the obtained one written beside it as a pending file (jaxlog golden accept|reject); on "
+               "by default where the CI variable is set (JAXLOG_GOLDEN_REVIEW=0 turns it off)", flag=True),
         Option("clean_stale", False, "remove the artifact directories and manifest entries earlier sessions left "
                "for tests this session does not run (kept by default, listed as stale)", flag=True),
     )
@@ -242,6 +245,18 @@ def parse_flag(value: Any, what: str) -> bool:
     if text in _FALSE:
         return False
     raise JaxlogError(f"{what}: expected 1/0, true/false, yes/no or on/off, got {value!r}")
+
+
+def golden_review(config: pytest.Config, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether goldens are reviewed rather than rewritten: ``--jaxlog-golden-review`` (or its
+    variable or ini key) when given, else whether the ``CI`` variable is set (to anything but an
+    off value: CI services set ``CI=true``), since a CI job must never rewrite a golden."""
+    environ = os.environ if environ is None else environ
+    source = lookup(config, "golden_review", environ)
+    if source.origin != "default":
+        return parse_flag(source.value, what("golden_review", source))
+    ci = environ.get("CI", "").strip().lower()
+    return bool(ci) and ci not in _FALSE
 
 
 # ---------------------------------------------------------------------------------------------

@@ -206,6 +206,7 @@ def _table(tests: list[dict], base: Path, out_dir: Path, budget: Budget) -> str:
         run_text = "<br>".join(f"{escape(str(r.get('name')))}: {escape(str(r.get('steps')))} "
                                f"step{'' if r.get('steps') == 1 else 's'}" for r in runs)
         goldens = "<br>".join(f"{escape(Path(str(g.get('path'))).name)}: {escape(str(g.get('status')))}"
+                              + (f" (<code>jaxlog golden accept {escape(str(g['id']))}</code>)" if g.get("id") else "")
                               for g in t.get("goldens") or [] if isinstance(g, dict))
         sparks = _sparks(t, base, budget) if not manifest.not_passed(t) else '<span class="muted">(above)</span>'
         rates += _benchmark_lines(t)

@@ -28,6 +28,7 @@ from .options import (
     GOLDEN_DIR_INI,
     OPTIONS,
     Settings,
+    golden_review,
     lookup,
     marker_settings,
     parse_flag,
@@ -103,7 +104,9 @@ class ViolationNote:
 @dataclass
 class GoldenNote:
     path: Path
-    status: str  # ok | regenerated | created
+    status: str  # ok | regenerated | created | pending
+    pending: Path | None = None  # status pending: the obtained golden written beside ``path``
+    id: str | None = None  # status pending: its ID for ``jaxlog golden accept|reject``
 
 
 class Refreshable(Protocol):
@@ -218,6 +221,7 @@ class JaxlogSession:
             regen, create = lookup(config, "regen"), lookup(config, "create_goldens")
             self.regen = parse_flag(regen.value, what("regen", regen))
             self.create_goldens = parse_flag(create.value, what("create_goldens", create))
+            self.golden_review = golden_review(config)
             clean = lookup(config, "clean_stale")
             self.clean_stale = parse_flag(clean.value, what("clean_stale", clean))
             self.compile_cache = self._resolve_compile_cache()
@@ -433,7 +437,9 @@ class JaxlogSession:
             violations=[self._violation_json(v) for v in state.violations],
             compiles=state.compiles,
             runs=[asdict(r) for r in state.runs],
-            goldens=[{"path": self.manifest_path(g.path), "status": g.status} for g in state.goldens],
+            goldens=[{"path": self.manifest_path(g.path), "status": g.status,
+                      **({"pending": self.manifest_path(g.pending), "id": g.id} if g.pending else {})}
+                     for g in state.goldens],
             notes=list(state.notes),
             examples=state.examples,
             **self.baselines.entry_fields(state),
@@ -552,6 +558,7 @@ class JaxlogSession:
                 "compile_cache": None if self.compile_cache is None else self.manifest_path(self.compile_cache),
                 "regen": self.regen,
                 "create_goldens": self.create_goldens,
+                "golden_review": self.golden_review,
                 "clean_stale": self.clean_stale,
             },
             tests=sorted([*self.entries.values(), *carried], key=lambda e: e["nodeid"]),
@@ -616,6 +623,14 @@ class JaxlogSession:
                 tr.write_line(f"{status} {len(files)} golden trajectories ({how}):")
                 for p in files:
                     tr.write_line(f"  {self.display(os.path.normpath(self.base / p))}")
+        pending = sorted(g["id"] for e in self.entries.values() for g in e["goldens"] if g.get("status") == "pending")
+        if pending:
+            tr.write_line(f"pending {len(pending)} golden trajectories (under review, the goldens left as they are; "
+                          f"in {self.display(self.golden_dir)}):")
+            for ident in pending:
+                tr.write_line(f"  {ident}")
+            tr.write_line("apply them with: python -m pytest_jaxlog golden accept ID... (or --all); drop them with: "
+                          "python -m pytest_jaxlog golden reject ID... (or --all)")
 
     def _stale_lines(self, tr: Any, limit: int) -> None:
         """The carried entries by the session they came from, and each one not passed badged with

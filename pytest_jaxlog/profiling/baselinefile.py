@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import JaxlogError
+from .costfile import is_figure
 from .machine import Machine
 
 FORMAT = "jaxlog-benchmarks"
@@ -79,7 +80,42 @@ def read(path: Path) -> SavedRun:
     name = str(doc.get("name") or (m.group(2) if m else path.stem))
     saved = doc.get("saved") if isinstance(doc.get("saved"), (int, float)) else 0.0
     tests = {str(k): v for k, v in doc["tests"].items() if isinstance(v, dict)}
+    for nodeid, saved_test in tests.items():
+        _check_test(path, nodeid, saved_test)
     return SavedRun(path, number, name, float(saved), Machine.from_json(doc.get("machine")), tests)
+
+
+def _check_test(path: Path, nodeid: str, saved: dict) -> None:
+    """A saved test's benchmarks and costs hold what ``save`` writes: a positive step count, and
+    timings and figures that are finite numbers (timings > 0, figures >= 0). A baseline of NaN
+    timings would make every comparison "cannot tell" and pass; refused when read, naming the
+    file, the benchmark and the field."""
+
+    for b in saved.get("benchmarks") or ():
+        label = b.get("name") if isinstance(b, dict) else b
+        where = f"[jaxlog] saved benchmarks {path}: test {nodeid} benchmark {label!r}"
+        if not isinstance(b, dict):
+            raise JaxlogError(f"{where}: not an object")
+        steps = b.get("steps")
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps <= 0:
+            raise JaxlogError(f"{where}: field 'steps' is {steps!r:.60}, expected a positive integer")
+        for key in ("samples", "reference_samples"):
+            reps = b.get(key)
+            if reps is None and key == "reference_samples":
+                continue
+            ok = isinstance(reps, list) and all(isinstance(rep, list) and all(is_figure(t) and t > 0 for t in rep)
+                                                for rep in reps)
+            if not ok:
+                raise JaxlogError(f"{where}: field {key!r} is {reps!r:.80}, expected lists of run times in "
+                                  "seconds (finite numbers > 0)")
+    for c in saved.get("costs") or ():
+        metrics = c.get("metrics") if isinstance(c, dict) else None
+        bad = [(k, v) for k, v in metrics.items() if v is not None and not is_figure(v)] if isinstance(metrics, dict) \
+            else [("metrics", metrics)]
+        if bad:
+            label = c.get("name") if isinstance(c, dict) else c
+            raise JaxlogError(f"[jaxlog] saved benchmarks {path}: test {nodeid} cost {label!r}: field "
+                              f"{bad[0][0]!r} is {bad[0][1]!r:.60}, expected a finite number >= 0")
 
 
 def runs_in(directory: Path) -> list[SavedRun]:

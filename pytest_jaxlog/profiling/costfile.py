@@ -62,7 +62,34 @@ def read(path: Path) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("entries"), dict):
         raise JaxlogError(f"cost golden {path}: not a {FORMAT} file (expected {{'format': {FORMAT!r}, 'entries': "
                           "{...}}); regenerate it with --jaxlog-regen")
+    for key, stored in doc["entries"].items():
+        _check_entry(path, key, stored)
     return doc["entries"]
+
+
+_PLATFORM_KINDS = {"backend": str, "device_kind": str, "jax_version": str, "x64": bool}
+
+
+def _check_entry(path: Path, key: str, stored: Any) -> None:
+    """An entry as ``write`` stores it: its platform fields of their kind, every metric a finite
+    number >= 0 or null. A file of NaN or infinite figures would pass any kernel (every comparison
+    with NaN is false), so it is refused when read, naming the file, the entry and the field."""
+    where = f"[jaxlog] cost golden {path} entry {key!r}"
+    if not isinstance(stored, dict) or not isinstance(stored.get("metrics"), dict):
+        raise JaxlogError(f"{where}: not an object with 'metrics'; regenerate it with --jaxlog-regen")
+    for field, kind in _PLATFORM_KINDS.items():
+        if stored.get(field) is not None and not isinstance(stored[field], kind):
+            raise JaxlogError(f"{where}: field {field!r} is {stored[field]!r:.60}, expected a {kind.__name__}; "
+                              "regenerate it with --jaxlog-regen")
+    for name, value in stored["metrics"].items():
+        if value is not None and not is_figure(value):
+            raise JaxlogError(f"{where}: metric {name!r} is {value!r:.60}, expected a finite number >= 0 or null; "
+                              "regenerate it with --jaxlog-regen")
+
+
+def is_figure(value: Any) -> bool:
+    """A cost figure: a finite number >= 0 (not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
 def entry(cost: Cost) -> dict[str, Any]:
@@ -99,14 +126,20 @@ def selected(names: Iterable[str], metrics: Iterable[str] | None) -> list[str]:
 
 
 def compare(stored: dict[str, Any], obtained: dict[str, Any], rtol: float,
-            metrics: Iterable[str] | None = None) -> list[Moved]:
+            metrics: Iterable[str] | None = None, where: str = "the stored cost") -> list[Moved]:
     """The metrics that moved by more than ``rtol`` of the stored figure, either way; a metric
-    present on one side only (a view added or dropped) counts as moved."""
+    present on one side only (a view added or dropped) counts as moved. A figure on either side
+    that is not a finite number >= 0 is a JaxlogError naming it (``where``: the file and entry):
+    a comparison with NaN is always false, so it would pass anything."""
     if isinstance(rtol, bool) or not isinstance(rtol, (int, float)) or not (0 <= rtol < math.inf):
         raise JaxlogError(f"check_cost: rtol must be a finite number >= 0, got {rtol!r}")
     moved = []
     for name in selected(sorted(set(stored) | set(obtained), key=_order), metrics):
         a, b = stored.get(name), obtained.get(name)
+        for side, value in (("stored", a), ("obtained", b)):
+            if value is not None and not is_figure(value):
+                raise JaxlogError(f"[jaxlog] check_cost: {side} metric {name!r} of {where} is {value!r:.60}, not a "
+                                  "finite number >= 0: it cannot be compared; regenerate it with --jaxlog-regen")
         if a is None and b is None:
             continue
         if a is None or b is None:
