@@ -21,6 +21,7 @@ import numpy as np
 
 from .errors import JaxlogError
 from .profiling.baseline import compared_lines
+from .record.printable import printable
 from .store import manifest
 
 
@@ -77,11 +78,21 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("--mark-step", type=_count, metavar="N",
                       help="mark step N (e.g. a failure's first bad step) with a dashed line on every record")
 
+    export = sub.add_parser("export", help="a trajectory's records as plain arrays (.npz)",
+                            description="Write each record's values, steps and times (where the run has a dt) "
+                            "to a numpy .npz, keyed values/<record>, steps/<record>, times/<record>: "
+                            "np.load(OUT)['values/energy'] is jl.load(FILE)['energy'].")
+    export.add_argument("file", metavar="FILE", help="a jaxlog HDF5 trajectory (.h5)")
+    export.add_argument("--npz", required=True, metavar="OUT", help="the .npz file to write (replaced if it exists)")
+    export.add_argument("--records", nargs="+", metavar="RECORD", help="only these records (names or prefixes; "
+                        "default: all)")
+
     summary = sub.add_parser("summary", help="the tests that failed or kept artifacts, from .jaxlog manifests (for CI)",
                              description="Summarise the manifest.json files the pytest plugin writes (one per "
                              "session, found recursively under each DIR): per test the outcome, violations, "
                              "run timings, artifact files and goldens written, for a CI log or job summary. "
-                             "Exits 0 whatever the tests did, so it never fails a CI job by itself.")
+                             "Exits 0 whatever the tests did, so it never fails a CI job by itself; 2 when a "
+                             "manifest is malformed (each named in one line).")
     summary.add_argument("roots", nargs="*", default=[".jaxlog"], metavar="DIR",
                          help="artifact directories or manifest files (default: .jaxlog)")
     summary.add_argument("--markdown", action="store_true", help="Markdown, e.g. >> \"$GITHUB_STEP_SUMMARY\"")
@@ -94,6 +105,18 @@ def _parser() -> argparse.ArgumentParser:
     merge.add_argument("roots", nargs="+", metavar="DIR", help="the shards' jaxlog directories or manifest files")
     merge.add_argument("-o", "--output", required=True, metavar="OUT",
                        help="directory of the merged manifest.json (not one of the shards')")
+
+    golden = sub.add_parser("golden", help="pending goldens (written under review, e.g. in CI): list, accept, reject",
+                            description="Goldens under review (CI, or pytest --jaxlog-golden-review) are never "
+                            "rewritten: a golden that differs gets the obtained one beside it as a pending file. "
+                            "list: the pending goldens; accept: each becomes its golden entry; reject: each is "
+                            "deleted. Exit code 2 when an ID names no pending golden.")
+    golden.add_argument("action", choices=("list", "accept", "reject"), help="what to do with pending goldens")
+    golden.add_argument("ids", nargs="*", metavar="ID", help="pending goldens (as list shows them: the entry's path "
+                        "in the golden directory, .h5 optional; or the pending file's path)")
+    golden.add_argument("--all", action="store_true", help="every pending golden")
+    golden.add_argument("--dir", metavar="DIR", help="the golden directory (default: the one .jaxlog/manifest.json "
+                        "names, else fixtures/golden)")
 
     bench = sub.add_parser("benchmarks", help="saved benchmark runs (pytest --jaxlog-benchmark-save): list, compare, plot",
                            description="List the benchmark runs saved in DIR (per machine: name, date, tests); "
@@ -128,7 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.stdout, sys.stderr = _Printable(out), _Printable(err)  # text from files and manifests included
     try:
         return {"info": cmd_info, "diff": cmd_diff, "trace": cmd_trace, "plot": cmd_plot,
-                "summary": cmd_summary, "merge": cmd_merge, "benchmarks": cmd_benchmarks}[args.command](args)
+                "summary": cmd_summary, "merge": cmd_merge, "benchmarks": cmd_benchmarks,
+                "golden": cmd_golden, "export": cmd_export}[args.command](args)
     except (UsageError, JaxlogError) as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if not msg.startswith("[jaxlog]"):
@@ -139,15 +163,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     finally:
         sys.stdout, sys.stderr = out, err
-
-
-def printable(text: str) -> str:
-    """``text`` with every control or format character but the newline written as its escape
-    (``\\x1b``, ``\\u202e``): names, messages and values read from a file or manifest never
-    drive the terminal (colours, cursor moves, titles, reordered text)."""
-    if text.replace("\n", "").isprintable():
-        return text
-    return "".join(c if c == "\n" or c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 class _Printable:
@@ -448,6 +463,16 @@ def cmd_trace(args) -> int:
 # plot -----------------------------------------------------------------------
 
 
+def cmd_export(args) -> int:
+    traj = _load(args.file)
+    from .store.export import export_npz
+
+    arrays = export_npz(traj, args.npz, args.records)
+    n = len([k for k in arrays if k.startswith("values/")])
+    print(f"wrote {args.npz} ({n} record{'s' if n != 1 else ''})")
+    return 0
+
+
 def cmd_plot(args) -> int:
     traj = _load(args.file)
     from .golden import select_records
@@ -490,15 +515,30 @@ def cmd_plot(args) -> int:
 _PERFETTO_UI = "https://ui.perfetto.dev"
 
 
-def _manifests(roots: Sequence[str]) -> list[tuple[Path, dict]]:
-    """(path, document) of every manifest.json under ``roots``; unreadable ones are named on stderr."""
-    out = []
+@dataclass
+class _Found:
+    """The manifests under the roots: (path, document) of each one as the plugin writes it, and
+    the paths of those that are not (each named on stderr, in one line)."""
+
+    manifests: list[tuple[Path, dict]]
+    malformed: list[Path]
+
+
+def _manifests(roots: Sequence[str]) -> _Found:
+    from .store.manifest_check import check
+
+    found = _Found([], [])
     for f in manifest.find(roots):
         try:
-            out.append((f, manifest.read(f)))
+            doc = manifest.read(f)
+            check(doc)
         except JaxlogError as exc:
-            print(f"[jaxlog] skipping unreadable manifest {f}: {exc}", file=sys.stderr)
-    return out
+            cause = str(exc).removeprefix("[jaxlog] ").splitlines()[0][:1000] if str(exc) else "unreadable"
+            print(f"[jaxlog] skipping malformed manifest {f}: {cause}", file=sys.stderr)
+            found.malformed.append(f)
+        else:
+            found.manifests.append((f, doc))
+    return found
 
 
 def _summarize_one(path: Path, doc: dict, markdown: bool) -> tuple[list[str], int]:
@@ -521,7 +561,9 @@ def _run_line(r: dict) -> str:
     wall = r.get("wall_s")
     wall = f" in {wall:.3g} s" if isinstance(wall, (int, float)) else ""
     n = r.get("compiles")
-    return f"run {r.get('name')}: {r.get('steps')} steps{wall}{rate}, {n} compile{'' if n == 1 else 's'}"
+    steps = r.get("steps")
+    return (f"run {r.get('name')}: {steps} step{'' if steps == 1 else 's'}{wall}{rate}, "
+            f"{n} compile{'' if n == 1 else 's'}")
 
 
 @dataclass(frozen=True)
@@ -577,9 +619,15 @@ def _is_trace(kind: str, rel: object) -> bool:
 
 
 def _to_show(tests: list[dict]) -> list[dict]:
-    """The tests a summary details: those not passed, then those that kept artifacts, once each."""
-    return sorted({t["nodeid"]: t for t in tests if manifest.not_passed(t) or t.get("kept")}.values(),
+    """The tests a summary details: those not passed, then those that kept artifacts, once each,
+    as their worst entry (a test merged from several shards)."""
+    return sorted((t for t in manifest.worst_per_test(tests) if manifest.not_passed(t) or t.get("kept")),
                   key=lambda t: (t.get("outcome") == "passed", t["nodeid"]))
+
+
+def _exit_status(doc: dict) -> str:
+    status = doc.get("exitstatus")
+    return "unknown (not recorded)" if status is None else str(status)
 
 
 def _manifest_lines(path: Path, doc: dict, markdown: bool) -> tuple[list[str], int]:
@@ -587,15 +635,16 @@ def _manifest_lines(path: Path, doc: dict, markdown: bool) -> tuple[list[str], i
     lines: list[str] = []
     base = path.parent
     tests = manifest.current_tests(doc)  # earlier sessions' entries (stale): shown apart, never counted here
-    bad = [t for t in tests if manifest.not_passed(t)]
-    kept = [t for t in tests if t.get("kept")]
+    per_test = manifest.worst_per_test(tests)  # a test in several shards counts once, as its worst outcome
+    bad = [t for t in per_test if manifest.not_passed(t)]
+    kept = {t["nodeid"] for t in tests if t.get("kept")}
     keep = manifest.settings(doc).get("keep")
     lines.append(f"{style.head}jaxlog: {base}")
     if tests:
-        lines.append(f"{len(tests)} jaxlog tests, {len(bad)} not passed, artifacts kept for {len(kept)} "
-                     f"(keep={keep}); exit status {doc.get('exitstatus')}")
+        lines.append(f"{len(per_test)} jaxlog tests, {len(bad)} not passed, artifacts kept for {len(kept)} "
+                     f"(keep={keep}); exit status {_exit_status(doc)}")
     else:
-        lines.append(f"no jaxlog test ran in {_scope(doc)} (keep={keep}); exit status {doc.get('exitstatus')}")
+        lines.append(f"no jaxlog test ran in {_scope(doc)} (keep={keep}); exit status {_exit_status(doc)}")
     if markdown:
         lines.append("")
     shown = _to_show(tests)
@@ -605,6 +654,7 @@ def _manifest_lines(path: Path, doc: dict, markdown: bool) -> tuple[list[str], i
                for g in t.get("goldens") or [] if g.get("status") in ("regenerated", "created")]
     for status, p in sorted(goldens):
         lines.append(f"{style.item}{status} golden: {style.code(p)}")
+    lines += _pending_lines(tests, base, style)
     lines += compared_lines(tests, markdown)
     carried = manifest.stale_tests(doc)
     lines += _stale_lines(carried, base, style, scope=_scope(doc))
@@ -617,6 +667,18 @@ def _manifest_lines(path: Path, doc: dict, markdown: bool) -> tuple[list[str], i
     traces = sum(1 for t in shown + _to_show(carried) for kind, rel in (t.get("artifacts") or {}).items()
                  if _is_trace(kind, rel))
     return lines, traces
+
+
+def _pending_lines(tests: list[dict], base: Path, style: _Style) -> list[str]:
+    """The goldens left pending under review, each with the command that applies it."""
+    pending = sorted((str(g.get("id")), _in_manifest(base, g.get("pending", ""))) for t in tests
+                     for g in t.get("goldens") or [] if isinstance(g, dict) and g.get("status") == "pending")
+    lines = [f"{style.item}pending golden {style.code(ident)}: {style.code(p)}; apply it with "
+             f"{style.code(f'python -m pytest_jaxlog golden accept {ident}')}" for ident, p in pending]
+    if pending:
+        lines.append(f"{style.item}or reject it ({style.code('python -m pytest_jaxlog golden reject ID')}); "
+                     f"{style.code('--all')} for every pending golden")
+    return lines
 
 
 def _stale_lines(carried: list[dict], base: Path, style: _Style, scope: str) -> list[str]:
@@ -645,7 +707,9 @@ def _link(path: str) -> str:
     return f"[{text}]({target})"
 
 
-def summarize(manifests: list[tuple[Path, dict]], markdown: bool) -> str:
+def summarize(manifests: list[tuple[Path, dict]], markdown: bool, malformed: list[Path] | None = None) -> str:
+    """The summary of ``manifests``; one that cannot be summarised is named on stderr, skipped
+    and added to ``malformed``."""
     if not manifests:
         return f"[jaxlog] no {manifest.NAME} found (no jaxlog test ran, or the directory is not the jaxlog dir)\n"
     code = (lambda s: f"`{s}`") if markdown else (lambda s: str(s))
@@ -657,6 +721,8 @@ def summarize(manifests: list[tuple[Path, dict]], markdown: bool) -> str:
         except JaxlogError as exc:
             msg = str(exc).splitlines()[0][:1000]
             print(msg if msg.startswith("[jaxlog]") else f"[jaxlog] {msg}", file=sys.stderr)
+            if malformed is not None:
+                malformed.append(path)
             continue
         lines += more
         traces += n
@@ -669,8 +735,13 @@ def summarize(manifests: list[tuple[Path, dict]], markdown: bool) -> str:
 
 
 def cmd_summary(args) -> int:
-    sys.stdout.write(summarize(_manifests(args.roots), args.markdown))
-    return 0
+    """0 whatever the tests did; 2 when a manifest is malformed (what it says cannot be trusted)."""
+    found = _manifests(args.roots)
+    if found.malformed and not found.manifests:
+        return 2  # each was named on stderr: no "no manifest found" beside it
+    malformed = list(found.malformed)
+    sys.stdout.write(summarize(found.manifests, args.markdown, malformed))
+    return 2 if malformed else 0
 
 
 def cmd_merge(args) -> int:
@@ -699,4 +770,43 @@ def cmd_benchmarks(args) -> int:
     lines = (baselinereport.comparison(root, args.compare[0], args.compare[1], args.markdown) if args.compare
              else baselinereport.listing(root))
     print("\n".join(lines))
+    return 0
+
+
+def _golden_dir(given: str | None) -> Path:
+    """``--dir``, else the golden directory the last session's manifest names, else the default."""
+    if given:
+        return Path(given)
+    found = Path(".jaxlog") / manifest.NAME
+    if found.is_file():
+        try:
+            rel = manifest.read(found).get("golden_dir")
+        except JaxlogError:
+            rel = None
+        if isinstance(rel, str) and rel:
+            return Path(os.path.normpath(found.parent / rel))
+    return Path("fixtures/golden")
+
+
+def cmd_golden(args) -> int:
+    from .store import golden_pending
+
+    directory = _golden_dir(args.dir)
+    if not directory.is_dir():
+        raise UsageError(f"[jaxlog] golden directory {directory} does not exist (--dir DIR names another)")
+    found = golden_pending.find(directory)
+    if args.action == "list":
+        for p in found:
+            print(f"{p.id}  ({p.test or 'test unknown'})")
+            for line in p.summary.splitlines():
+                print(f"    {line}")
+        print(f"[jaxlog] {len(found)} pending golden{'' if len(found) == 1 else 's'} in {directory}")
+        return 0
+    chosen = golden_pending.select(found, args.ids, args.all)
+    for p in chosen:
+        p.accept() if args.action == "accept" else p.reject()
+        verb = "accepted" if args.action == "accept" else "rejected"
+        print(f"[jaxlog] {verb} {p.id}" + (f": {os.path.normpath(p.target)}" if args.action == "accept" else ""))
+    if not chosen:
+        print(f"[jaxlog] no pending goldens in {directory}")
     return 0

@@ -57,13 +57,14 @@ def test_summary_text_and_markdown(tmp_path, capsys, monkeypatch):
     assert f"  - trajectory: `{base / 't.test_bad/trajectory.h5'}`" in md
 
 
-def test_summary_never_fails_the_job(tmp_path, capsys):
+def test_summary_never_fails_the_job_but_a_malformed_manifest_does(tmp_path, capsys):
     assert main(["summary", str(tmp_path / "nowhere")]) == 0
     assert "no manifest.json found" in capsys.readouterr().out
-    (tmp_path / "manifest.json").write_text("{not json")
-    assert main(["summary", str(tmp_path)]) == 0
+    (tmp_path / "manifest.json").write_text("{not json")  # what it says cannot be trusted: exit 2, one line
+    assert main(["summary", str(tmp_path)]) == 2
     captured = capsys.readouterr()
-    assert "[jaxlog] skipping unreadable manifest" in captured.err and "no manifest.json found" in captured.out
+    assert captured.err.startswith("[jaxlog] skipping malformed manifest") and len(captured.err.splitlines()) == 1
+    assert captured.out == ""
 
 
 def test_summary_is_a_subcommand_of_the_package_cli():

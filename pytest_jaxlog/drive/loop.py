@@ -39,7 +39,7 @@ from .resolution import as_arrays, capacity_of, laid_out, placed_alike, programs
 from .result import Run, make_run
 from .scalars import scalars_on
 from .segments import Segment, segments
-from .signals import Deferred
+from .signals import Noted
 
 __all__ = ["RunLoop"]
 
@@ -67,7 +67,7 @@ class RunLoop:
     def __init__(self, cfg: RunConfig, tracker: CompileTracker, t_start: float):
         self.cfg, self.tracker, self.t_start = cfg, tracker, t_start
         self.result: Run | None = None
-        self.deferred: Deferred | None = None  # over several processes: SIGTERM noted (set by the run's caller)
+        self.noted: Noted | None = None  # SIGTERM noted, acted on at a chunk boundary (set by the run's caller)
 
     def go(self, state: Any) -> Run:
         __tracebackhide__ = hide_frame_from_checks
@@ -241,13 +241,21 @@ class RunLoop:
         the run (a stop by ``until`` ends the loop too)."""
         self.t_loop = time.perf_counter()
         for n_chunk, seg in enumerate(self.segs):
+            self.act_on_signal()
             self.dispatch(n_chunk, seg)
             batch = self.fills.due()
             if batch:
                 ended = self.consume(batch)
                 if ended is not None:
                     return ended == "violation"
+        self.act_on_signal()
         return False
+
+    def act_on_signal(self) -> None:
+        """A chunk boundary: stop for a SIGTERM noted since the last (``drive.signals``: the handler
+        never raises), as for Ctrl-C; over several processes the vote decides (``stop_if_asked``)."""
+        if self.noted is not None and self.vote is None:
+            self.noted.act()
 
     def dispatch(self, n_chunk: int, seg: Segment) -> None:
         """Dispatch one segment of the chunk program (asynchronously; a window's steps wait for theirs)."""
@@ -270,7 +278,7 @@ class RunLoop:
             self.program_bufs = bufs is not None
         self.cur, self.cur_step, self.stopped = out["state"], k0 + length, out["stopped"]
         if self.vote is not None:
-            self.stopped, vote = self.vote.cast(self.stopped, n_chunk, self.deferred.signum if self.deferred else 0)
+            self.stopped, vote = self.vote.cast(self.stopped, n_chunk, self.noted.signum if self.noted else 0)
             if vote is not None:
                 self.votes[k0] = vote
         t1 = now_ns()
@@ -397,8 +405,8 @@ class RunLoop:
             if vote is not None:
                 asked.update(self.vote.read(vote) if self.vote is not None else {})
         if asked:
-            if self.deferred is not None:
-                self.deferred.acted = True
+            if self.noted is not None:
+                self.noted.take()
             self.settle()
             stop = Terminated(next(iter(asked.values())))
             stop.add_note(f"[jaxlog] every process of the run stopped after step {self.written_step}: "

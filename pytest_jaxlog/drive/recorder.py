@@ -31,7 +31,7 @@ from .memo import Cache
 from .pipeline import Pipeline
 from .resolve import resolve
 from .shards import explicit_mesh
-from .signals import sigterm_as_interrupt
+from .signals import sigterm_noted
 from . import program
 from .predicates import takes_values
 from .program import Lane
@@ -118,8 +118,8 @@ class Recorder:
         if self.status != "new":
             raise JaxlogError("a Recorder records one run; make a new one for the next `with` block")
         self._t0 = time.perf_counter()
-        self._sigterm = sigterm_as_interrupt()
-        self._sigterm.__enter__()
+        self._sigterm = sigterm_noted()  # SIGTERM noted, acted on at the next log (drive.signals)
+        self._noted = self._sigterm.__enter__()
         self._tracker = CompileTracker(exclude=_OWN_PROGRAMS).__enter__()
         self._unheard_before = unheard_count()
         self._active = True
@@ -131,6 +131,8 @@ class Recorder:
         __tracebackhide__ = hide_frame_from_checks
         if not self._active:
             raise JaxlogError("Recorder.log() called outside `with recorder:` (enter it first; it opens the sinks)")
+        if self._noted is not None:  # a SIGTERM since the last log: stop here, as for Ctrl-C
+            self._noted.act()
         step = _step_label(step)
         if not self._warned and unheard_count() > self._unheard_before:
             self._warn_unheard()
@@ -241,12 +243,13 @@ class Recorder:
                     self._pipe.close(status, steps_done=self._through or 0, raise_errors=False, reason=exc)
                     self.status = status
         finally:
-            self._sigterm.__exit__(None, None, None)
             self._tracker.__exit__(None, None, None)
             steps = 0 if self._first is None else self._last - self._first
             self.timings = run_timings(self._tracker, time.perf_counter() - self._t0, steps)
             if self.timeline is not None:
                 self._tracker.add_to_timeline(self.timeline)
+            # last: a SIGTERM noted after the loop's last log is raised here (the loop's own error wins)
+            self._sigterm.__exit__(exc_type, exc, tb)
         if exc_type is None and self.violation is not None and self.on_violation == "raise" and self._raise_at_exit:
             raise self.violation
         return False

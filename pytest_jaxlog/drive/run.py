@@ -20,13 +20,13 @@ from typing import Any, Callable
 
 from ..errors import hide_frame_from_checks
 from ..profiling.timings import CompileTracker
-from . import program, shards
+from . import program
 from .checkpoint import ResumePoint
 from .config import RunConfig, configure
 from .loop import RunLoop
 from .resolution import DEFAULT_BUDGET, auto_chunk
 from .result import STOP_REASONS, Outcome, Run
-from .signals import Deferred, sigterm_as_interrupt, sigterm_deferred
+from .signals import sigterm_noted
 
 __all__ = ["run", "Run", "auto_chunk", "run_outcome", "resume_run", "Outcome", "STOP_REASONS"]
 
@@ -122,10 +122,10 @@ def _clock() -> tuple[CompileTracker, float]:
 def _execute(driver: RunLoop, state: Any) -> Run:
     __tracebackhide__ = hide_frame_from_checks
     cfg = driver.cfg
-    # over several processes SIGTERM is noted and the processes stop together (drive.consensus)
-    several = shards.process_count() > 1
-    with sigterm_deferred() if several else sigterm_as_interrupt() as held, driver.tracker:
-        driver.deferred = held if isinstance(held, Deferred) else None
+    # SIGTERM is noted and acted on at a chunk boundary (over several processes, once they agreed
+    # on the step: drive.consensus)
+    with sigterm_noted() as noted, driver.tracker:
+        driver.noted = noted
         try:
             return driver.go(state)
         finally:

@@ -2,7 +2,8 @@
 
 Why logging and not print: the lines reach whatever the user configured (files, JSON handlers,
 pytest's captured log shown beside a failure) with a level to filter on, and cost nothing but a
-level check when nobody listens.
+level check when nobody listens. Each line is one step: control characters and newlines in
+record names and values are escaped as the command line escapes them (``record.printable``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from ..errors import JaxlogError
 from ..record.frames import Frames, Schema
+from ..record.printable import printable
 from ..record.schedule import Schedule, every as every_n
 from .dtypes import check_frames
 from .scalars import real_paths, rows_by_step, scalar_paths
@@ -62,7 +64,9 @@ class LoggingSink(Sink):
             for system, row in enumerate(rows):
                 where = f"step {step} system {system}" if batched else f"step {step}"
                 text = " ".join(f"{p}={format(v, self.fmt)}" for p, v in row.items())
-                self.logger.log(self.level, "%s: %s", where, text)
+                # names and values escaped: a record named "x\nstep 9: ok" or holding a terminal
+                # escape neither forges a log line nor drives the terminal the log is shown on
+                self.logger.log(self.level, "%s: %s", where, printable(text, newlines=False))
 
     def close(self, status: str = "complete", *, steps_done: int | None = None, violation: dict | None = None,
               summary: dict | None = None) -> None:

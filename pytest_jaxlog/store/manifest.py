@@ -22,6 +22,7 @@ NAME = "manifest.json"
 VERSION = 2
 PATHS = "relative to the directory of this file"
 QUIET_OUTCOMES = ("passed", "skipped", "xfailed")  # every other outcome is "not passed"
+WORST_FIRST = ("error", "failed", "interrupted", "xpassed")  # the outcomes not passed, the worst first
 
 
 def document(*, started: float, finished: float, exitstatus: int, rootdir: str, golden_dir: str,
@@ -147,6 +148,28 @@ def by_session(entries: Iterable[dict]) -> dict[str, list[dict]]:
 def not_passed(entry: dict[str, Any]) -> bool:
     """Whether a test's outcome is one a person must look at (what "not passed" counts)."""
     return entry.get("outcome") not in QUIET_OUTCOMES
+
+
+def severity(entry: dict[str, Any]) -> int:
+    """How bad a test's outcome is, 0 the worst: the outcomes a person must look at (an outcome
+    this version does not know among them, after the known ones), then those that pass quietly."""
+    outcome = entry.get("outcome")
+    if outcome in WORST_FIRST:
+        return WORST_FIRST.index(outcome)
+    if not_passed(entry):
+        return len(WORST_FIRST)
+    return len(WORST_FIRST) + 1 + QUIET_OUTCOMES[::-1].index(outcome)
+
+
+def worst_per_test(entries: Iterable[dict]) -> list[dict]:
+    """One entry per test (``nodeid``), its worst outcome's (the first of those alike): a test that
+    failed in one shard of a merge and passed in another is listed, and counted, as failed."""
+    worst: dict[Any, dict] = {}
+    for e in entries:
+        held = worst.get(e.get("nodeid"))
+        if held is None or severity(e) < severity(held):
+            worst[e.get("nodeid")] = e
+    return list(worst.values())
 
 
 def stale(doc: dict[str, Any]) -> list[dict]:

@@ -8,8 +8,11 @@ shards' files stay where they are and are found from there. Each test entry says
 came from (``shard``: its position in ``shards``); a test that ran in several shards is listed
 once per shard. A shard's ``.jaxlog/`` restored from an earlier run carries entries of tests it
 did not run again (``stale``): those of a test another shard ran are left out, and of a test no
-shard ran only the newest is kept, so each test is listed as its latest evidence says. Pure JSON
-and paths: no trajectory is opened.
+shard ran only the newest is kept, so each test is listed as its latest evidence says (``summary``
+counts and lists a test in several shards once, as its worst outcome). A shard that is not a
+manifest as the plugin writes it is refused, naming the field (``manifest_check``); the merge's
+exit status is the first failing shard's, else unknown (null) where a shard has none, never 0.
+Pure JSON and paths: no trajectory is opened.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any, Callable
 from ..errors import JaxlogError
 from . import manifest
 from .manifest import NAME as MANIFEST_NAME
+from .manifest_check import check
 
 
 def manifest_file(root: str | os.PathLike) -> Path:
@@ -33,14 +37,24 @@ def manifest_file(root: str | os.PathLike) -> Path:
 
 
 def _read(path: Path) -> dict:
+    """The manifest at ``path``, checked field by field (``manifest_check``): a malformed shard is
+    one error naming it, never a merge that ``summary`` cannot read."""
     try:
         doc = manifest.read(path)
+        check(doc)
     except JaxlogError as e:
         cause = str(e).removeprefix("[jaxlog] ")
         raise JaxlogError(f"[jaxlog] merge: {path} is not a jaxlog manifest ({cause})") from None
-    if not isinstance(doc.get("tests"), list):
-        raise JaxlogError(f"[jaxlog] merge: {path} is not a jaxlog manifest (no list of tests)")
     return doc
+
+
+def exit_status(statuses: list[int | None]) -> int | None:
+    """The merge's exit status: the first shard's that did not pass; else None (unknown) where a
+    shard did not say, never 0 for a suite part of which is unaccounted for; else 0."""
+    failed = [s for s in statuses if s is not None and s != 0]
+    if failed:
+        return failed[0]
+    return None if None in statuses else 0
 
 
 def _rebase(rel: Any, src: Path, out: Path) -> Any:
@@ -107,12 +121,15 @@ def merge(roots: list[str | os.PathLike], out: str | os.PathLike) -> Path:
     merged.update(
         started=min((d["started"] for d in docs if isinstance(d.get("started"), (int, float))), default=None),
         finished=max((d["finished"] for d in docs if isinstance(d.get("finished"), (int, float))), default=None),
-        exitstatus=next((s for s in statuses if s not in (0, None)), 0),  # the first shard that did not pass
+        exitstatus=exit_status(statuses),
         rootdir=_rebase(first.get("rootdir"), files[0].parent, out),
         golden_dir=_rebase(first.get("golden_dir"), files[0].parent, out),
         tests=sorted(_latest_per_test(tests), key=lambda t: (str(t.get("nodeid")), t["shard"])),
         stale=stale,
         shards=shards,
     )
-    out.mkdir(parents=True, exist_ok=True)
-    return manifest.write(out, merged)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        return manifest.write(out, merged)
+    except OSError as e:
+        raise JaxlogError(f"[jaxlog] merge: cannot write {out / MANIFEST_NAME}: {e.strerror or e}") from None
