@@ -53,6 +53,8 @@ _EXPORTS = {
     "CallbackSink": "store.sinks",
     "TensorBoardWriter": "store.tensorboard",
     "LoggingSink": "store.logsink",
+    "WandbSink": "store.wandbsink",
+    "MLflowSink": "store.mlflowsink",
     "load": "store.trajectory",
     "Trajectory": "store.trajectory",
     # invariants
@@ -69,6 +71,10 @@ _EXPORTS = {
     "EffectiveSampleSize": "check.ess",
     "EssRate": "check.ess",
     "convergence_order": "check.convergence",
+    "calibrate": "drive.calibrate",
+    "assert_statistically_close": "check.ensemble",
+    "EnsembleMismatch": "check.ensemble",
+    "Calibration": "drive.calibrate",
     "ConvergenceOrder": "check.convergence",
     # profiling and timings
     "ProfileWindow": "profiling.window",
@@ -119,6 +125,8 @@ if _typing.TYPE_CHECKING:  # static re-exports for type checkers and IDEs
     from .logs import LogEvent, log, spool, tap
     from .check.ess import EffectiveSampleSize, EssRate, ess
     from .check.convergence import ConvergenceOrder, convergence_order
+    from .drive.calibrate import Calibration, calibrate
+    from .check.ensemble import EnsembleMismatch, assert_statistically_close
     from .drive.loggers import CompositeLogger, Logger, NullLogger, ProgressLogger, RingBuffer
     from .profiling.timeline import Timeline
     from .profiling.window import ProfileWindow
@@ -131,6 +139,8 @@ if _typing.TYPE_CHECKING:  # static re-exports for type checkers and IDEs
     from .store.sink import Sink
     from .store.sinks import CSVWriter, CallbackSink, MemorySink
     from .store.logsink import LoggingSink
+    from .store.mlflowsink import MLflowSink
+    from .store.wandbsink import WandbSink
     from .store.tensorboard import TensorBoardWriter
     from .profiling.timings import CompileTracker, TimingAssertionError, Timings
     from .profiling.trace import Trace, load_trace

@@ -159,11 +159,12 @@ def test_callback_rows_one_dict_per_system_per_recorded_step():
     for k, rows in seen:
         assert len(rows) == 3
         for i, row in enumerate(rows):
-            want = {"energy": float(traj["energy"][k, i])}
+            want = {"step": k, "system": i, "energy": float(traj["energy"][k, i])}
             if k % 3 == 0:
                 want["ke"] = float(traj["ke"][k // 3, i])
             assert row == want  # x (not scalar per system) is not a row's cell
-            assert all(type(v) is float for v in row.values())
+            assert type(row["step"]) is int and type(row["system"]) is int
+            assert all(type(v) is float for name, v in row.items() if name not in ("step", "system"))
 
 
 def test_callback_default_still_gets_frames():

@@ -23,6 +23,20 @@ def test_a_key_that_is_not_a_key_is_one_error_naming_key(tmp_path, key):
     assert not path.exists()
 
 
+@pytest.mark.parametrize("keys", [lambda: jax.random.split(jax.random.key(0), 3),
+                                  lambda: jax.random.split(jax.random.PRNGKey(0), 3)])
+@pytest.mark.parametrize("batched", [True, False])
+def test_an_array_of_keys_is_refused_saying_the_run_makes_one_key_per_system(tmp_path, keys, batched):
+    path = tmp_path / "t.h5"
+    state = jnp.zeros((3, 2))
+    step = jax.vmap(_noisy) if batched else _noisy
+    how = "this batched run makes one key per system itself" if batched else "pass batched=True"
+    with pytest.raises(jl.JaxlogError, match=rf"^\[jaxlog\] key= must be one PRNG key, got an array of 3 keys "
+                                             rf"\(shape \[3\]\).*{how}.*pass one key, jax.random.key\(seed\)$"):
+        jl.run(step, state, 3, key=keys(), batched=batched, sinks=[jl.HDF5Writer(path)], progress=False)
+    assert not path.exists()
+
+
 @pytest.mark.parametrize("dt", ["x", float("nan"), float("inf")])
 def test_a_dt_that_is_not_a_finite_number_is_one_error_naming_dt(tmp_path, dt):
     path = tmp_path / "t.h5"

@@ -47,8 +47,14 @@ def test_a_view_of_the_state_is_refused_before_any_step_runs():
 
 
 def test_progress_names_are_checked_against_the_records():
-    with pytest.raises(jl.JaxlogError, match="record 'energy' is not recorded; recorded: obs/half, obs/s, sparse, v"):
+    with pytest.raises(jl.JaxlogError) as e:
         jl.run(count, jnp.zeros(()), 3, record=RECORD, progress=["energy"])
+    assert str(e.value) == ("[jaxlog] jl.run(progress=...): record 'energy' is not recorded; recorded: obs/half, "
+                            "obs/s, sparse, v; the progress bar takes the names of scalar records: obs/half, obs/s, "
+                            "sparse")
+    with pytest.raises(jl.JaxlogError, match=r"^\[jaxlog\] jl.run\(progress=...\): record 'e' .* scalar records: "
+                                             r"\(none: record a scalar\)$"):
+        jl.run(count, jnp.zeros(()), 3, progress="e")
     with pytest.raises(jl.JaxlogError, match=r"record 'v' has shape \(3,\); the progress bar takes scalar records only"):
         jl.run(count, jnp.zeros(()), 3, record=RECORD, progress="v")
     r = jl.run(count, jnp.zeros(()), 3, record=RECORD, progress=["obs/s"])  # quiet: stderr is not a terminal

@@ -65,9 +65,10 @@ def from_arrays(records: Mapping[str, Any], *, steps: Any = None, time: Any = No
     """Check and store ``records`` (``{name: pytree of arrays}``, each leaf with a leading frame
     axis) as a run's trajectory: the invariants see them as a run's frames (a violation names
     the first bad step and system), the sinks write the same file. ``steps``: the step number of
-    each frame (default 0, 1, ...); ``time``: the time of each frame, which the file keeps as
-    step × dt (so it must be of that form: ``SaveAt(ts=jnp.linspace(...))`` is; without
-    ``steps``, they are the times over their spacing). ``batched``: the axis after the frames is
+    each frame (default 0, 1, ...); ``time``: the time of each frame, stored as given (read back
+    bit for bit as float64); the steps must space them evenly, to a thousandth of a step
+    (``SaveAt(ts=jnp.linspace(...))`` does; without ``steps``, they are the times over their
+    spacing), and the file's dt is that spacing. ``batched``: the axis after the frames is
     the system axis. ``on_violation``: ``"raise"`` (the file ends at the bad step), ``"warn"``,
     ``"record"``, as for ``jl.run``. ``meta={...}``: the run's metadata as JSON, as for ``jl.run``
     (read back as ``traj.meta`` and ``result.meta``)."""
@@ -75,6 +76,7 @@ def from_arrays(records: Mapping[str, Any], *, steps: Any = None, time: Any = No
     trees = _trees(records)
     n_frames = _frame_count(trees, steps, time)
     steps, dt = _steps_and_dt(n_frames, steps, time)
+    times = None if time is None else np.asarray(time, np.float64)  # stored as given, not as step × dt
     first = {name: jax.tree_util.tree_map(lambda x: x[0], tree) for name, tree in trees.items()}
     n_sys = n_systems_of(first, batched) if batched else None
     schedule = _schedule(steps)
@@ -86,7 +88,7 @@ def from_arrays(records: Mapping[str, Any], *, steps: Any = None, time: Any = No
         # stored as given (a float64 numpy array stays float64 where jax, without x64, would make it float32)
         leaves += [dataclasses.replace(leaf, dtype=values[leaf.path].dtype) for leaf in found.leaves]
         for path, value in values.items():
-            frames.add(path, steps, value)
+            frames.add(path, steps, value, times)
     schema = Schema(tuple(leaves), batched=n_sys is not None, dt=check_dt(dt))
     pipe = Pipeline(sinks=sinks, invariants=invariants, on_violation=on_violation)
     described = {"driver": "from_arrays", "frames": n_frames, "batched": n_sys is not None, "dt": dt}
@@ -154,7 +156,9 @@ def _frame_count(trees: dict[str, Any], steps: Any, time: Any) -> int:
 
 
 def _steps_and_dt(n: int, steps: Any, time: Any) -> tuple[np.ndarray, float | None]:
-    """Each frame's step, and the dt that makes ``time`` step × dt (None without ``time``)."""
+    """Each frame's step, and the dt that makes ``time`` step × dt, to a thousandth of a step
+    (None without ``time``): the times themselves are stored as given, the steps and dt say how
+    they are spaced."""
     if steps is not None:
         steps_arr = np.asarray(steps)
         if steps_arr.ndim != 1 or steps_arr.dtype.kind not in "iu":
@@ -177,14 +181,16 @@ def _steps_and_dt(n: int, steps: Any, time: Any) -> tuple[np.ndarray, float | No
             raise JaxlogError("from_arrays: time= must increase from frame to frame")
         dt = float(np.median(spacing)) if n > 1 else (float(t[0]) or 1.0)
         steps_arr = np.rint(t / dt).astype(np.int64)
-    else:
-        span = int(steps_arr[-1] - steps_arr[0])
-        dt = float((t[-1] - t[0]) / span) if span else (float(t[0] / steps_arr[0]) if steps_arr[0] else 1.0)
-    tol = 1e-6 * max(float(np.abs(t).max()), abs(dt))
+    span = int(steps_arr[-1] - steps_arr[0])
+    if span:  # over the whole span: the spacing of float32 times is off in its last bits
+        dt = float((t[-1] - t[0]) / span)
+    elif steps is not None:
+        dt = float(t[0] / steps_arr[0]) if steps_arr[0] else 1.0
+    tol = 1e-3 * abs(dt) + 1e-6 * float(np.abs(t).max())
     off = np.flatnonzero(np.abs(steps_arr * dt - t) > tol)
     if len(off) or not (math.isfinite(dt) and dt > 0) or (steps_arr < 0).any():
         i = int(off[0]) if len(off) else 0
-        raise JaxlogError(f"from_arrays: a trajectory file keeps each frame's time as step × dt; time= does not fit "
+        raise JaxlogError(f"from_arrays: time= must be evenly spaced over the frames' steps (step × dt); it is not "
                           f"(frame {i}: time {t[i]!r}, step {int(steps_arr[i])} × dt {dt!r}); give steps= that make it "
                           f"so, or record the times as a record of their own (records={{'t': ts, ...}})")
     return steps_arr, dt

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -85,7 +86,7 @@ def configure(step: Callable, state: Any, steps: int, *, record: Any, invariants
     if log_capacity is not None:
         log_capacity = check_count(log_capacity, "log_capacity", minimum=1, none="or None")
     return RunConfig(step=step, steps=steps, start_step=start_step, lanes=lanes_of(record, bool(has_aux), aux),
-                     invariants=as_list(invariants), sinks=sinks, key=None if key is None else as_key(key), dt=dt,
+                     invariants=as_list(invariants), sinks=sinks, key=None if key is None else as_key(key, batched), dt=dt,
                      chunk=chunk, profile=profile, has_aux=bool(has_aux), batched=batched, until=until,
                      on_violation=check_on_violation(on_violation), postmortem=int(postmortem), progress=progress,
                      budget=int(chunk_budget_bytes), timeline=timeline, donate=bool(donate),
@@ -105,21 +106,31 @@ def _meta(meta: Any, resume: ResumePoint | None) -> dict:
     return dict(resume.run_meta)
 
 
-def as_key(key: Any) -> Any:
+def as_key(key: Any, batched: bool | int = False) -> Any:
     """``key=`` as a key array: a typed key (``jax.random.key``) or raw key data
     (``jax.random.PRNGKey``: uint32, trailing axis the default impl's); anything else is one
-    JaxlogError saying what a key is, not JAX's error from deep inside the first trace."""
+    JaxlogError saying what a key is, not JAX's error from deep inside the first trace. One key:
+    the run derives every step's (and in a batched run every system's) from it, so an array of
+    keys (``jax.random.split(key, n)``, a key per system) is refused saying so."""
     try:
         arr = jnp.asarray(key)
     except (TypeError, ValueError) as e:
         raise JaxlogError(f"key= must be a PRNG key (jax.random.key(seed)), got {type(key).__name__} "
                           f"{key!r:.60} ({e})") from None
-    if jax.dtypes.issubdtype(arr.dtype, jax.dtypes.prng_key):
-        return arr
+    typed = jax.dtypes.issubdtype(arr.dtype, jax.dtypes.prng_key)
     width = _raw_key_width()
-    if arr.dtype != jnp.uint32 or arr.ndim < 1 or arr.shape[-1] != width:
+    if not typed and (arr.dtype != jnp.uint32 or arr.ndim < 1 or arr.shape[-1] != width):
         raise JaxlogError(f"key= must be a PRNG key: a typed key (jax.random.key(seed)) or raw key data "
                           f"(jax.random.PRNGKey(seed): uint32[..., {width}]), got {arr.dtype}{list(arr.shape)}")
+    keys = arr.shape if typed else arr.shape[:-1]
+    if keys:
+        batch = (" (this batched run makes one key per system itself: fold_in(step key, system), handed to "
+                 "step(key, state) stacked, one row per system)" if batched is not False
+                 else " (to run several systems with one key per system, pass batched=True: the run makes "
+                      "them from the one key)")
+        raise JaxlogError(f"key= must be one PRNG key, got an array of {math.prod(keys)} keys (shape {list(keys)}): "
+                          f"jl.run derives each step's key from it, fold_in(key, step){batch}; pass one key, "
+                          f"jax.random.key(seed)")
     return arr
 
 

@@ -13,6 +13,17 @@ from ..store.sinks import MemorySink
 from ..store.trajectory import Trajectory, load
 
 
+def _not_a_recorder(sink: Any) -> Any:
+    """A logger in ``sinks=`` gets what a run records (``store.loggersink``); a ``jl.Recorder``,
+    which records views of the states it is given, is refused, with what to do instead."""
+    from .recorder import Recorder  # it feeds a SinkSet itself
+
+    if isinstance(sink, Recorder):
+        raise JaxlogError("sinks=: a jl.Recorder records the states of a loop written by hand; a run records its "
+                          "own views: give the views to record= and the recorder's sinks to sinks=")
+    return sink
+
+
 class SinkSet:
     """The run's sinks, opened and closed together (a MemorySink is added when none is given)."""
 
@@ -21,7 +32,7 @@ class SinkSet:
             sinks = ()
         if not isinstance(sinks, (list, tuple)):
             sinks = (sinks,)
-        sinks = tuple(as_sink(s) for s in sinks)
+        sinks = tuple(as_sink(_not_a_recorder(s)) for s in sinks)
         self.own_memory = None
         if not sinks:
             self.own_memory = MemorySink()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -195,17 +195,29 @@ def concat_values(a, b):
 
 @dataclass
 class Frames:
-    """A batch of recorded values: per leaf path, ``steps`` (int64, ascending) and ``values``."""
+    """A batch of recorded values: per leaf path, ``steps`` (int64, ascending) and ``values``;
+    ``times`` (float64), only for the paths whose frames came with their own times
+    (``jl.from_arrays(time=...)``): sinks store those as given, and step × dt for the others."""
 
     steps: dict[str, np.ndarray] = field(default_factory=dict)
     values: dict[str, np.ndarray] = field(default_factory=dict)
+    times: dict[str, np.ndarray] = field(default_factory=dict)
 
-    def add(self, path: str, steps: np.ndarray, values: np.ndarray) -> None:
+    def add(self, path: str, steps: np.ndarray, values: np.ndarray, times: np.ndarray | None = None) -> None:
         steps = np.asarray(steps, dtype=np.int64)
-        if len(steps) != len(values):
-            raise JaxlogError(f"record {path!r}: {len(steps)} steps but {len(values)} values")
+        if len(steps) != len(values) or (times is not None and len(times) != len(steps)):
+            raise JaxlogError(f"record {path!r}: {len(steps)} steps but {len(values)} values"
+                              + ("" if times is None else f" and {len(times)} times"))
         self.steps[path] = steps
         self.values[path] = values
+        if times is not None:
+            self.times[path] = np.asarray(times, dtype=np.float64)
+
+    def times_of(self, paths: Iterable[str], steps: np.ndarray, dt: float) -> np.ndarray:
+        """The times of ``steps``, the frames of ``paths`` (leaves recorded together, at the same
+        steps): as given for any of them, else step × dt."""
+        given = next((self.times[p] for p in paths if p in self.times), None)
+        return given if given is not None else steps * dt
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.values)
@@ -244,7 +256,8 @@ class Frames:
         out = Frames()
         for path, steps in self.steps.items():
             keep = steps <= step
-            out.add(path, steps[keep], self.values[path][keep])
+            times = self.times.get(path)
+            out.add(path, steps[keep], self.values[path][keep], None if times is None else times[keep])
         return out
 
 

@@ -25,7 +25,7 @@ def scalar_paths(schema: Schema, records: Iterable[str] | None, who: str, *, kin
         if not paths:
             raise JaxlogError(f"{who}: no scalar records to write (recorded: {', '.join(schema.paths) or '(none)'})")
         return paths
-    paths = tuple(p for name in records for p in schema.resolve(name))
+    paths = tuple(p for name in records for p in _resolve(schema, name, who, kind, scalar))
     for p in paths:
         if not scalar(p):
             per = "per system " if schema.batched else ""
@@ -34,6 +34,17 @@ def scalar_paths(schema: Schema, records: Iterable[str] | None, who: str, *, kin
                 f"scalar records only ({per}shape {base}); {advice}"
             )
     return paths
+
+
+def _resolve(schema: Schema, name: str, who: str, kind: str, scalar: Any) -> tuple[str, ...]:
+    """The leaf paths ``name`` stands for; an unknown name is refused naming the argument that gave
+    it (``who``) and the names it could take instead."""
+    try:
+        return schema.resolve(name)
+    except JaxlogError as e:
+        valid = ", ".join(p for p in schema.paths if scalar(p)) or "(none: record a scalar)"
+        cause = str(e).removeprefix("[jaxlog] ")
+        raise JaxlogError(f"{who}: {cause}; {kind} takes the names of scalar records: {valid}") from None
 
 
 def real_paths(schema: Schema, paths: tuple[str, ...], who: str) -> tuple[str, ...]:

@@ -31,12 +31,14 @@ class MemorySink(Sink):
         self.attachment_key_impls: dict[str, dict[str, str]] = {}  # name -> path -> PRNG impl
         self._steps: dict[str, list[np.ndarray]] = {}
         self._values: dict[str, list[np.ndarray]] = {}
+        self._times: dict[str, list[np.ndarray]] = {}  # frames that came with their own times
         self._last_steps: dict[str, int] = {}
 
     def open(self, schema: Schema, meta: dict[str, Any]) -> None:
         self.schema, self.meta = schema, dict(meta)
         self._steps = {p: [] for p in schema.paths}
         self._values = {p: [] for p in schema.paths}
+        self._times = {}
         self._last_steps = {}
         for leaf in schema.leaves:
             check_leaf_dtype(leaf.path, leaf.dtype)
@@ -50,6 +52,8 @@ class MemorySink(Sink):
             if len(frames.steps[path]):
                 self._steps[path].append(frames.steps[path])
                 self._values[path].append(owned(frames.values[path]))
+                if path in frames.times:
+                    self._times.setdefault(path, []).append(frames.times[path])
 
     def attach(self, name: str, step: int, tree: dict[str, np.ndarray], *, key_impls: dict[str, str] | None = None) -> None:
         """Keep a snapshot; typed key arrays become key data with their impl noted (``key_impls``
@@ -75,10 +79,12 @@ class MemorySink(Sink):
         assert self.schema is not None, "[jaxlog] MemorySink was never opened"
         for leaf in self.schema.leaves:
             steps, values = self._steps[leaf.path], self._values[leaf.path]
+            times = self._times.get(leaf.path)
             if len(steps) == 1:
-                out.add(leaf.path, steps[0], values[0])
+                out.add(leaf.path, steps[0], values[0], None if times is None else times[0])
             elif steps:
-                out.add(leaf.path, np.concatenate(steps), np.concatenate(values))
+                out.add(leaf.path, np.concatenate(steps), np.concatenate(values),
+                        None if times is None else np.concatenate(times))
             else:
                 out.add(leaf.path, np.zeros(0, np.int64), np.zeros((0, *leaf.shape), leaf.dtype))
         return out
@@ -141,6 +147,8 @@ class CSVWriter(Sink):
         n_sys = self._schema.n_systems if self._schema.batched else None
         n = len(all_steps)
         dt = self._schema.dt
+        times = {} if dt is None else {int(k): t for p in present
+                                       for k, t in zip(frames.steps[p], frames.times_of([p], frames.steps[p], dt))}
         # per column, the cell text of each row (step-major, then system)
         width = n_sys or 1
         columns = []
@@ -159,7 +167,7 @@ class CSVWriter(Sink):
                 if n_sys is not None:
                     cell.append(str(s_))
                 if dt is not None:
-                    cell.append(repr(step * dt))
+                    cell.append(repr(float(times[step])))
                 lead.append(cell)
         rows = [lead[r] + [col[r] for col in columns] for r in range(n * width)]
         try:
@@ -181,12 +189,17 @@ class CSVWriter(Sink):
         return {"csv": self.path}
 
 
+ROW_FIELDS = ("step", "system")  # what a CallbackSink row holds besides the records
+
+
 class CallbackSink(Sink):
     """Calls ``fn(frames)`` per batch (and ``on_open(schema, meta)``, ``on_close(status, steps_done,
     violation)`` if given). An exception in a callback surfaces as WriterError, chained.
 
     ``rows=True``: calls ``fn(step, rows)`` per recorded step instead, ``rows`` one dict per system
-    (one in unbatched runs) of the scalar records scheduled at that step, as Python numbers."""
+    (one in unbatched runs) of the scalar records scheduled at that step, as Python numbers, each
+    also holding its ``step`` and, in batched runs, its ``system`` (so a row handed on alone still
+    says where it belongs)."""
 
     def __init__(self, fn: Callable[..., Any], *, rows: bool = False, on_open: Callable | None = None,
                  on_close: Callable | None = None, on_attach: Callable | None = None):
@@ -209,6 +222,10 @@ class CallbackSink(Sink):
         if self.rows:
             name = getattr(self.fn, "__qualname__", repr(self.fn))
             self._paths = scalar_paths(schema, None, f"CallbackSink({name}, rows=True)")
+            taken = [p for p in self._paths if p in ROW_FIELDS]
+            if taken:
+                raise JaxlogError(f"CallbackSink({name}, rows=True): record {taken[0]!r} has the name of a row's own "
+                                  f"field ({', '.join(ROW_FIELDS)}); rename the record")
         if self.on_open is not None:
             self._call("on_open", self.on_open, schema, meta)
 
@@ -220,6 +237,10 @@ class CallbackSink(Sink):
             return
         n_systems = self.schema.n_systems if self.schema is not None and self.schema.batched else None
         for step, rows in rows_by_step(frames, self._paths, n_systems):
+            if n_systems is None:
+                rows = [{"step": step, **row} for row in rows]
+            else:
+                rows = [{"step": step, "system": system, **row} for system, row in enumerate(rows)]
             self._call("write", self.fn, step, rows)
 
     def attach(self, name: str, step: int, tree: dict[str, np.ndarray], *, key_impls: dict | None = None) -> None:

@@ -21,7 +21,7 @@ from ..errors import JaxlogError, WriterError
 from ..record.frames import Frames, Schema
 from .background import QUEUE_BYTES, STALL_S, Background
 from .dtypes import check_frames
-from .scalars import real_paths, scalar_paths
+from .dashboard import dashboard_paths, metric_keys
 from .sink import Sink
 from .tfevents import file_header, scalar_events
 
@@ -52,9 +52,7 @@ class TensorBoardWriter(Sink):
         if self._schema is not None:
             raise JaxlogError(f"TensorBoardWriter({self.logdir}): a writer is opened once; make a new one per run")
         who = f"TensorBoardWriter({self.logdir})"
-        paths = real_paths(schema, scalar_paths(schema, self.records, who, kind="TensorBoard"), who)
-        n = schema.n_systems if schema.batched else None
-        self.tags = {p: (p,) if n is None else tuple(f"{p}/system_{i}" for i in range(n)) for p in paths}
+        self.tags = metric_keys(schema, dashboard_paths(schema, self.records, who, "TensorBoard"))
         self._schema = schema
         name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.{next(_SERIAL)}"
         try:
