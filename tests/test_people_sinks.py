@@ -17,22 +17,12 @@ from pytest_jaxlog.record.schedule import every
 from pytest_jaxlog.store import tfevents
 
 
-def step(state):
-    x, v = state["x"], state["v"]
-    v = v - 0.01 * jnp.sin(x)
-    return {"x": x + 0.01 * v, "v": v}
-
-
-def energy(state):
-    return jnp.sum(0.5 * state["v"] ** 2 - jnp.cos(state["x"]), axis=-1)
+from pendulums import BATCHED, STATE, energy, step  # the kernel the sink tests share
 
 
 def kinetic(state):
     return jnp.sum(0.5 * state["v"] ** 2, axis=-1)
 
-
-STATE = {"x": jnp.linspace(0.1, 1.0, 4), "v": jnp.zeros(4)}
-BATCHED = {"x": jnp.linspace(0.1, 1.0, 12).reshape(3, 4), "v": jnp.zeros((3, 4))}
 
 
 def _accumulator(logdir):
