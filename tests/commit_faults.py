@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import random
 import signal
+import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -286,3 +288,20 @@ def check_file(path: Path, acks: "Acks | None") -> str | None:
     except JaxlogError as exc:
         return f"does not load: {exc}"
     return None
+
+
+def old_journal(path: Path, entries: list[tuple[int, bytes]], *, committed: int | None = None,
+                declared: int | None = None, count: int | None = None) -> bytes:
+    """A hot rollback journal as pytest-jaxlog wrote beside a file before it kept them inside
+    (``.<name>.jaxlog-journal``, format version 1), naming the inode of ``path`` (or another file
+    planted there: a stale one, or a hostile one declaring ``declared`` payload bytes or ``count``
+    entries). No version applies one any more; a reader must ignore it, never blocking."""
+    st = os.stat(path)
+    payload = b"".join(struct.pack("<QI", off, len(data)) + data for off, data in entries)
+    committed = st.st_size if committed is None else committed
+    head = struct.Struct("<8sIIQQQQIQI")
+    n = len(entries) if count is None else count
+    size = len(payload) if declared is None else declared
+    raw = head.pack(b"JAXLOGJ1", 1, 1, 7, st.st_dev, st.st_ino, committed, n, size, 0)
+    crc = zlib.crc32(payload, zlib.crc32(raw[:-4]))
+    return raw[:-4] + struct.pack("<I", crc) + payload

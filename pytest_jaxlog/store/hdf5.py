@@ -56,11 +56,11 @@ from ..record.numbers import is_integer
 from .bytequeue import ByteQueue, Item, Stalled
 from .owned import copied_views, holds_device_views
 from .format import CRC_ATTR, CRC_COVERS, LIBVER, attr_text, json_crc32, json_text
-from .journal import CommittedFile, durable_replace, opened, recover
+from .journal import CommittedFile, durable_replace, opened, recover, roll_back
 from .dtypes import DTYPE_ATTR, KEY_IMPL_ATTR, check_frames, check_leaf_dtype, encode, storage_dtype, to_host
 from .pathlock import PathLock, process_alive
 from .sink import STATUSES, Sink
-from .space import NoSpace, SpaceReserve, superblock_end, trim
+from .space import NoSpace, SpaceReserve, superblock_end
 from .swap import PendingSwap
 
 QUEUE_BYTES = 128 << 20  # default byte budget of the hand-over queue
@@ -999,6 +999,7 @@ class HDF5Writer(Sink):
         if self._cf is not None:
             self._cf.discard()
             self._cf.close()
+        roll_back(self._fd)  # a commit that failed midway: the file as of the one before, to open
         self._cf = CommittedFile(self._fd, self.path, in_place=self._swap is None or self._swap.done,
                                  durable=self.durable)
         return opened(h5py.File(self._cf, "r+"), self._cf)
@@ -1053,12 +1054,11 @@ class HDF5Writer(Sink):
                 self._finalized = True  # last: close() returns once the path is free again
 
     def _release(self) -> None:
-        """After the file is closed: cut the reserved tail, free the path."""
+        """After the file is closed: cut the reserved tail (``CommittedFile.close``), free the path."""
         fd, self._fd = self._fd, None
         if self._cf is not None:
             self._cf.close()
         if fd is not None:
-            trim(fd)
             os.close(fd)
         try:
             if self._swap is not None:

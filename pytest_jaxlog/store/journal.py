@@ -1,5 +1,6 @@
-"""Commits of an HDF5 file: a rollback journal under HDF5's own writes, so that a kill or a power
-loss at any instant leaves the file as of its last commit, and a reader never sees a half-made one.
+"""Commits of an HDF5 file: a rollback journal kept inside the file, under HDF5's own writes, so
+that a kill or a power loss at any instant leaves the file as of its last commit, a reader never
+sees a half-made one, and the file read on its own, anywhere, reads that commit.
 
 Why: HDF5 without SWMR updates its metadata in place, in no safe order. A process killed (or a
 machine losing power) halfway through a flush leaves a file whose superblock, object headers and
@@ -8,39 +9,56 @@ the writes but forbids new objects while writing (checkpoints and post-mortem st
 groups) and needs its own readers after a crash. So the writer hands HDF5 a file object (h5py's
 ``fileobj`` driver), ``CommittedFile``, which:
 
-- writes bytes past the committed end (new chunks, new metadata blocks) straight to the file: the
-  committed state references none of them;
+- writes bytes past the committed end (new chunks, new metadata blocks) straight to the file:
+  the committed state references none of them;
 - keeps writes inside the committed end (metadata rewritten in place, a partly filled chunk
   rewritten) in memory, in pages, served back to HDF5's reads;
 - commits when HDF5 flushes (the driver's ``flush`` is the last call of ``H5Fflush`` and of a
-  close, when the file is whole): the committed bytes of those pages go to the journal
-  ``.<name>.jaxlog-journal`` beside the file (synced), then the pages to the file (synced), then
-  the journal is marked clean (synced).
+  close, when the file is whole): the committed bytes of those pages go to the file's tail, past
+  HDF5's end of file, closed by a trailer at the file's very end (the committed size, where the
+  entries are, a CRC-32 over all of it), synced; then the pages, synced; then the tail is zeroed
+  (the trailer with it), synced.
 
-A kill or power loss before the journal is whole leaves the committed bytes untouched; after it,
-the journal holds them. The next writer of the path rolls the file back (``recover``, under the
-path's lock); a reader reads the file through the journal (``open_committed``) without changing
-anything. The journal names the file's inode, so it follows renames and hard links and never
-applies to another file. A reader that raced a commit sees the journal's generation change and
-reads again (``generation``). SQLite's rollback journal works the same way.
+A kill or a power loss before the trailer is whole leaves the committed bytes untouched (a torn
+tail lies past HDF5's end of file, which no reader reads); after it, the file itself holds what
+restores its last commit. Every reader looks at the file's last bytes: with a whole trailer it
+reads the file as of that commit (``CommittedView``) without changing anything, and the next
+writer of the path rolls the commit back (``recover``, under the path's lock). Why in the file and
+not beside it: a file moved, copied, hard-linked or uploaded without its dot files (CI artifact
+uploads often drop them) carries what restores it. A journal beside the file was left behind on
+the way, and the half-applied commit then read as data: a new ``steps_done`` and new values with
+their steps read as 0, and no error. The journal ends the file until HDF5 writes past it: it
+goes to blocks the writer claimed before its writes (a full disk still takes the commit of the
+final status), and the writer cuts the file at HDF5's end of file when it closes it.
+
+Beside the file, ``.<name>.jaxlog-journal`` holds only what a live writer shares with its
+readers: the commit generation and a lock. A read holds the next commit off (a commit waits up to
+``_HOLD_S`` for readers), and a reader that raced a commit sees the generation change and reads
+again (``generation``). Nothing in it is ever applied to a file: it is opened non-blocking,
+without following links, checked to be a regular file, only its fixed-size header is read, and
+anything else at its name (a FIFO, a directory, a link, a rollback journal of an earlier
+version, junk) is ignored with a one-line warning. SQLite's rollback journal works the same way,
+in a file of its own.
 """
 
 from __future__ import annotations
 
 import atexit
+import bisect
 import contextlib
 import errno
 import os
 import stat
 import struct
 import time
+import warnings
 import weakref
 import zlib
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..errors import WriterError
-from .space import NO_SPACE, NoSpace
+from ..errors import JaxlogError, JaxlogRuntimeWarning, WriterError
+from .space import NO_SPACE, NoSpace, file_size_limit, trim
 
 try:
     import fcntl
@@ -49,14 +67,21 @@ except ImportError:  # Windows: no flock; readers then rely on the generation ch
 
 PAGE = 4096  # bytes per page kept in memory for a write inside the committed end
 JOURNAL_SUFFIX = ".jaxlog-journal"
-_MAGIC = b"JAXLOGJ1"
-_VERSION = 1
-_HOT, _CLEAN = 1, 0
-# magic, version, state, generation, st_dev, st_ino, committed size, entries, payload bytes, crc32
-_HEADER = struct.Struct("<8sIIQQQQIQI")
+# The rollback journal in the file's tail: entries (offset, length, then the committed bytes),
+# then the trailer, whose last byte is the file's last byte.
+_TAIL_MAGIC = b"JAXLOGT1"
+_TAIL_VERSION = 1
+# magic, version, generation, committed size, offset of the entries, their bytes, their count, crc32
+_TAIL = struct.Struct("<8sIQQQQII")
 _ENTRY = struct.Struct("<QI")  # offset, length (then the committed bytes)
-_MAX_PAYLOAD = 1 << 34  # a header declaring more is not a journal of ours: never read
+# The file beside it: magic, version, generation, crc32. Version 1 was a rollback journal (a
+# header of 60 bytes, then its entries); one is recognised, and never applied.
+_SIDE_MAGIC = b"JAXLOGJ1"
+_SIDE_VERSION = 2
+_SIDE = struct.Struct("<8sIQI")
+_SIDE_READ = 64  # bytes of a file beside a trajectory ever read
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _HOLD_S = 1.0  # longest a commit waits for readers (a reader may be stuck: the commit then goes on)
 
 
@@ -84,7 +109,8 @@ def _close_at_exit() -> None:
 
 
 def journal_path(target: Path) -> Path:
-    """The journal of the trajectory written at ``target`` (one per path, like its lock)."""
+    """The file beside the trajectory at ``target`` where its live writer keeps the commit
+    generation and lock its readers check (one per path, like the path's lock)."""
     return target.with_name(f".{target.name}{JOURNAL_SUFFIX}")
 
 
@@ -160,102 +186,184 @@ def durable_replace(src: Path, dst: Path, *, durable: bool = True, disk: Disk | 
         sync_directory(dst, disk)
 
 
-class Header(NamedTuple):
-    state: int
-    generation: int
-    dev: int
-    ino: int
-    committed: int  # the file's size at the commit the journal restores
-    entries: int
-    payload: int  # bytes of entries after the header
-
-
-def _header_bytes(h: Header, payload: bytes) -> bytes:
-    raw = _HEADER.pack(_MAGIC, _VERSION, h.state, h.generation, h.dev, h.ino, h.committed, h.entries, h.payload, 0)
-    crc = zlib.crc32(payload, zlib.crc32(raw[:-4]))
-    return raw[:-4] + struct.pack("<I", crc)
-
-
-def _parse_header(raw: bytes) -> Header | None:
-    if len(raw) < _HEADER.size:
-        return None
-    magic, version, state, gen, dev, ino, committed, entries, payload, _ = _HEADER.unpack_from(raw)
-    if magic != _MAGIC or version != _VERSION or state not in (_HOT, _CLEAN) or payload > _MAX_PAYLOAD:
-        return None
-    return Header(state, gen, dev, ino, committed, entries, payload)
-
-
 class Entry(NamedTuple):
     offset: int
     data: bytes  # the committed bytes at ``offset``
 
 
-class JournalState(NamedTuple):
-    """A journal read whole and checked: ``hot`` means the file may hold a commit half applied,
-    and ``entries`` (with ``committed``, the size) restore its last commit."""
+class Tail(NamedTuple):
+    """The trailer of a rollback journal in a file's tail."""
 
-    header: Header
+    generation: int
+    committed: int  # the file's size at the commit the journal restores
+    offset: int  # where the entries are (past ``committed``)
+    payload: int  # their bytes
+    entries: int  # their count
+
+
+def _tail_bytes(t: Tail, payload: bytes) -> bytes:
+    raw = _TAIL.pack(_TAIL_MAGIC, _TAIL_VERSION, t.generation, t.committed, t.offset, t.payload, t.entries, 0)
+    crc = zlib.crc32(payload, zlib.crc32(raw[:-4]))
+    return raw[:-4] + struct.pack("<I", crc)
+
+
+def _parse_tail(raw: bytes, size: int) -> Tail | None:
+    """The trailer that ends a file of ``size`` bytes, checked against that size before anything
+    it declares is read: the entries lie between the committed end and the trailer, and there are
+    no more of them than pages of the committed file, each a page at most."""
+    if len(raw) != _TAIL.size:
+        return None
+    magic, version, gen, committed, offset, payload, entries, _ = _TAIL.unpack(raw)
+    end = size - _TAIL.size
+    if magic != _TAIL_MAGIC or version != _TAIL_VERSION or not committed <= offset <= end \
+            or payload > end - offset or entries > -(-committed // PAGE) \
+            or not entries * (_ENTRY.size + 1) <= payload <= entries * (_ENTRY.size + PAGE):
+        return None
+    return Tail(gen, committed, offset, payload, entries)
+
+
+def _parse_entries(payload: bytes, tail: Tail) -> tuple[Entry, ...] | None:
+    """The entries, each checked before the next is parsed: in order, apart, each inside one
+    page of the committed file, from its start."""
+    out, at, prev = [], 0, 0
+    for _ in range(tail.entries):
+        if at + _ENTRY.size > len(payload):
+            return None
+        offset, n = _ENTRY.unpack_from(payload, at)
+        at += _ENTRY.size
+        if not 0 < n <= PAGE or offset % PAGE or offset < prev or offset + n > tail.committed or at + n > len(payload):
+            return None
+        out.append(Entry(offset, bytes(payload[at:at + n])))
+        at += n
+        prev = offset + n
+    return tuple(out) if at == len(payload) else None
+
+
+class JournalState(NamedTuple):
+    """A whole, checked journal found in a file: the file may hold a commit half applied, and
+    ``entries`` (with ``committed``, the size) restore its last commit."""
+
+    tail: Tail
     entries: tuple[Entry, ...]
 
     @property
     def hot(self) -> bool:
-        return self.header.state == _HOT
+        return True  # a journal is whole only while its commit is applied (or was, when a kill came)
 
-    def names(self, st: os.stat_result) -> bool:
-        return (self.header.dev, self.header.ino) == (st.st_dev, st.st_ino)
+    @property
+    def committed(self) -> int:
+        return self.tail.committed
 
 
-def _open_journal_read(path: Path) -> int | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
-    except OSError:
-        return None  # none (the usual case), a planted link, or unreadable: not a journal
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
+def read_tail(fd: int, disk: Disk | None = None) -> JournalState | None:
+    """The rollback journal at the end of the open file ``fd`` when it is whole and checks out;
+    None otherwise (none, the usual case, or torn by a kill while it was written: then the file's
+    committed bytes were never touched by the commit). Reads no more than the file holds."""
+    disk = _disk(disk)
+    size = disk.size(fd)
+    if size < _TAIL.size:
         return None
+    raw = disk.pread(fd, _TAIL.size, size - _TAIL.size)
+    tail = _parse_tail(raw, size)
+    if tail is None:
+        return None
+    payload = disk.pread(fd, tail.payload, tail.offset) if tail.payload else b""
+    if len(payload) != tail.payload or _tail_bytes(tail, payload) != raw:
+        return None
+    entries = _parse_entries(payload, tail)
+    return None if entries is None else JournalState(tail, entries)
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def open_file(target: Path) -> int:
+    """A trajectory opened for reading: without blocking (a FIFO at its path would hang an open),
+    and refused (``JaxlogError``) unless it is a regular file. ``FileNotFoundError`` when absent."""
+    fd = os.open(target, os.O_RDONLY | _NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise JaxlogError(f"{target} is {_kind(mode)}, not a trajectory file")
     return fd
 
 
-def _read_journal(target: Path, disk: Disk, *, whole: bool) -> tuple[Header, bytes, bytes] | None:
-    """The journal's header (``whole``: with its payload, and the header read again after it),
-    or None where there is none of ours."""
-    fd = _open_journal_read(journal_path(target))
-    if fd is None:
+def read_state(target: Path, disk: Disk | None = None) -> JournalState | None:
+    """The rollback journal of the file at ``target`` (``read_tail``); None where there is none,
+    or no regular file."""
+    try:
+        fd = open_file(target)
+    except (OSError, JaxlogError):
         return None
     try:
-        raw = disk.pread(fd, _HEADER.size, 0)
-        header = _parse_header(raw)
-        if header is None or not whole:
-            return None if header is None else (header, b"", raw)
-        payload = disk.pread(fd, header.payload, _HEADER.size) if header.payload else b""
-        return header, payload, disk.pread(fd, _HEADER.size, 0)  # unchanged while the payload was read
+        return read_tail(fd, disk)
     except OSError:
         return None
     finally:
         os.close(fd)
 
 
-def read_state(target: Path, disk: Disk | None = None) -> JournalState | None:
-    """The journal of ``target`` when it is whole and checks out; None otherwise (absent, torn by a
-    kill while it was written, or not one of ours): then the file's committed bytes were never
-    touched by a commit in progress."""
-    read = _read_journal(target, _disk(disk), whole=True)
-    if read is None:
+_NOTED: set[tuple[str, str]] = set()
+
+
+def _note(target: Path, why: str) -> None:
+    """Say once per process, in one line, that what lies at ``target``'s journal name is ignored."""
+    key = (str(target), why)
+    if key in _NOTED:
+        return
+    _NOTED.add(key)
+    warnings.warn(JaxlogRuntimeWarning(f"[jaxlog] {target}: ignoring {journal_path(target).name} beside it ({why}); "
+                                       f"nothing beside a trajectory is applied to it"), stacklevel=4)
+
+
+def _open_side(target: Path) -> int | None:
+    """The file beside ``target`` (``journal_path``) opened for reading, when it is a regular
+    file; None otherwise (absent, the usual case; anything else is noted and closed unread,
+    opened without blocking, so a FIFO cannot hold the reader, and a link is not followed)."""
+    try:
+        fd = os.open(journal_path(target), os.O_RDONLY | _NONBLOCK | _NOFOLLOW)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            _note(target, "a symbolic link")
+        elif exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+            _note(target, f"it cannot be opened: {exc.strerror}")
         return None
-    header, payload, raw = read
-    if len(payload) != header.payload or _header_bytes(header, payload) != raw[:_HEADER.size]:
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        mode = 0
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        _note(target, _kind(mode))
         return None
-    entries, at = [], 0
-    for _ in range(header.entries):
-        if at + _ENTRY.size > len(payload):
+    return fd
+
+
+def _side_generation(target: Path, raw: bytes) -> int | None:
+    """The generation in the header ``raw`` read beside ``target``; None for anything else
+    (noted, but for a header being written: empty, or begun)."""
+    if len(raw) < _SIDE.size and raw[:len(_SIDE_MAGIC)] == _SIDE_MAGIC[:len(raw)]:
+        return None  # just made by its writer, which writes its header next
+    if len(raw) >= _SIDE.size:
+        magic, version, gen, crc = _SIDE.unpack_from(raw)
+        if magic == _SIDE_MAGIC and version == _SIDE_VERSION:
+            return gen if crc == zlib.crc32(raw[:_SIDE.size - 4]) else None  # (None: read while rewritten)
+        if magic == _SIDE_MAGIC and version == 1:
+            _note(target, "a rollback journal of an earlier pytest-jaxlog or of another file; this version keeps a "
+                          "commit's rollback journal inside the file")
             return None
-        offset, n = _ENTRY.unpack_from(payload, at)
-        at += _ENTRY.size
-        if at + n > len(payload) or offset + n > header.committed:
-            return None
-        entries.append(Entry(offset, bytes(payload[at:at + n])))
-        at += n
-    return JournalState(header, tuple(entries))
+    _note(target, "not a file of pytest-jaxlog")
+    return None
 
 
 def _flock(fd: int, kind: int, wait_s: float) -> bool:
@@ -280,7 +388,7 @@ def reading(target: Path):
     """Hold off the next commit of ``target``'s live writer while a read runs (a commit waits up
     to ``_HOLD_S`` for readers): a writer committing more often than a read takes would otherwise
     overlap every read of a live file."""
-    fd = _open_journal_read(journal_path(target))
+    fd = _open_side(target)
     if fd is None:
         yield
         return
@@ -291,87 +399,142 @@ def reading(target: Path):
         os.close(fd)  # and the lock with it
 
 
-def generation(target: Path, disk: Disk | None = None) -> int | None:
-    """What a reader compares before and after a read: it changes whenever a commit starts."""
-    read = _read_journal(target, _disk(disk), whole=False)
-    return None if read is None else read[0].generation
+def generation(target: Path) -> int | None:
+    """What a reader compares before and after a read: it changes whenever a commit starts (its
+    journal whole in the file first: a reader that sees the new generation finds the journal)."""
+    fd = _open_side(target)
+    if fd is None:
+        return None
+    try:
+        raw = os.pread(fd, _SIDE_READ, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return _side_generation(target, raw)
+
+
+def _side_bytes(gen: int) -> bytes:
+    raw = _SIDE.pack(_SIDE_MAGIC, _SIDE_VERSION, gen, 0)
+    return raw[:-4] + struct.pack("<I", zlib.crc32(raw[:-4]))
 
 
 class Journal:
-    """The writer's journal file: created at its first commit that changes committed bytes, kept
-    (its blocks too, so a full disk still takes the next commit's) until the writer closes."""
+    """The writer's journal: the rollback journal of each commit in the file's tail (``hot``,
+    ``clean``), and the generation and lock beside the file, made at the first commit that
+    changes committed bytes and kept until the writer closes."""
 
     def __init__(self, target: Path, file_fd: int, *, durable: bool, disk: Disk | None = None):
         self.path = journal_path(target)
+        self.target = target
         self.file_fd = file_fd
         self.durable = durable
         self.disk = _disk(disk)
-        self.fd: int | None = None
+        self.fd: int | None = None  # the file beside
+        self.side = True  # whether one can be made (something planted at its name: the writer goes on without)
         self.generation = time.time_ns()  # above any earlier writer's: a reader sees a change
-        self.allocated = 0
+        self.span: tuple[int, int] | None = None  # where a journal is whole in the file, until ``clean``
+        self.dead: tuple[int, int] | None = None  # bytes past HDF5's end of file its commit leaves behind
 
-    def _open(self) -> int:
+    def _open(self) -> int | None:
+        """The file beside, made as a regular file of one name (a link planted there is removed,
+        never written through); None where something else is there."""
         for _ in range(8):
             try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _NONBLOCK | _NOFOLLOW, 0o644)
             except OSError as exc:
-                if exc.errno == errno.ELOOP:  # a link planted at the journal's name: the name goes, never its target
-                    os.unlink(self.path)
-                    continue
-                raise
+                if exc.errno != errno.ELOOP:
+                    return None
+                try:
+                    os.unlink(self.path)  # a link planted at the journal's name: the name goes, never its target
+                except OSError:
+                    return None
+                continue
             st = os.fstat(fd)
             if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
-                self.disk.ftruncate(fd, 0)
-                if self.durable:
-                    sync_directory(self.path, self.disk)
+                os.ftruncate(fd, 0)
                 return fd
             os.close(fd)
             if not stat.S_ISREG(st.st_mode):
-                raise WriterError(f"{self.path} is not a regular file; remove it")
+                return None
             os.unlink(self.path)  # a hard link to some other file: never written through
-        raise WriterError(f"{self.path} keeps being replaced")
+        return None
 
-    def hot(self, committed: int, entries: list[Entry]) -> None:
-        """The committed bytes the next writes replace, whole and synced before any is replaced."""
-        if self.fd is None:
+    def _side_fd(self) -> int | None:
+        if self.fd is None and self.side:
             self.fd = self._open()
+            self.side = self.fd is not None
+        return self.fd
+
+    def _claim(self, end: int, stop: int) -> None:
+        """Blocks for bytes ``[end, stop)`` of the file, before any is written: a full disk or the
+        file size limit fails the commit here, the file as it was."""
+        def no_room(why: str) -> NoSpace:
+            return NoSpace(f"no room for the journal of a commit of {self.target.name} ({stop - end} bytes at its "
+                           f"end): {why}; the file keeps its last commit")
+
+        limit = file_size_limit()
+        if limit is not None and stop > limit:
+            raise no_room(f"past the file size limit of {limit} bytes (ulimit -f / RLIMIT_FSIZE)")
+        if not hasattr(os, "posix_fallocate"):
+            return
+        try:
+            os.posix_fallocate(self.file_fd, end, stop - end)
+        except OSError as exc:
+            if exc.errno in NO_SPACE:
+                raise no_room(os.strerror(exc.errno)) from None
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)):
+                raise
+
+    def hot(self, committed: int, entries: list[Entry], *, size: int, start: int) -> None:
+        """The committed bytes the next writes replace, whole and synced in the file's tail before
+        any is replaced: past ``start`` (HDF5's end of file ``size``, the committed end, bytes
+        written past it), closed by the trailer at the file's end. Then the generation moves on."""
         parts = []
         for e in entries:
             parts.append(_ENTRY.pack(e.offset, len(e.data)))
             parts.append(e.data)
         payload = b"".join(parts)
-        st = os.fstat(self.file_fd)
-        if fcntl is not None:
-            _flock(self.fd, fcntl.LOCK_EX, _HOLD_S)  # readers of the previous commit finish first
+        end = self.disk.size(self.file_fd)
+        stop = start + len(payload) + _TAIL.size  # the journal ends the file
+        if stop > end:
+            self._claim(end, stop)
+        elif stop < end:  # the tail past it (blocks claimed for writes to come) goes, as a flush cuts it
+            self.disk.ftruncate(self.file_fd, stop)
+        side = self._side_fd()
+        if side is not None and fcntl is not None:
+            _flock(side, fcntl.LOCK_EX, _HOLD_S)  # readers of the previous commit finish first
+        tail = Tail(self.generation + 1, committed, start, len(payload), len(entries))
+        self.disk.pwrite(self.file_fd, payload + _tail_bytes(tail, payload), start)
+        if self.durable:
+            self.disk.fsync(self.file_fd)
+        self.span, self.dead = (start, stop), ((size, start) if size < start else None)
         self.generation += 1
-        header = Header(_HOT, self.generation, st.st_dev, st.st_ino, committed, len(entries), len(payload))
-        need = _HEADER.size + len(payload)
-        if need > self.allocated and hasattr(os, "posix_fallocate"):
-            try:  # blocks claimed for this and later commits (a full disk fails here, before any write)
-                os.posix_fallocate(self.fd, 0, max(need, 2 * self.allocated, 64 << 10))
-                self.allocated = max(need, 2 * self.allocated, 64 << 10)
-            except OSError as exc:
-                if exc.errno in NO_SPACE:
-                    raise NoSpace(f"no room for the journal of a commit of {self.path.name.removeprefix('.')[:-len(JOURNAL_SUFFIX)]}"
-                                  f" ({need} bytes, beside it): {os.strerror(exc.errno)}; the file keeps its last "
-                                  f"commit") from None
-                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)):
-                    raise
-        self.disk.pwrite(self.fd, payload, _HEADER.size)  # the payload first: a whole header means a whole journal
-        self.disk.pwrite(self.fd, _header_bytes(header, payload), 0)
-        if self.durable:
-            self.disk.fsync(self.fd)
+        if side is not None:  # after the journal: a reader that sees the new generation finds it
+            os.pwrite(side, _side_bytes(self.generation), 0)
 
-    def clean(self) -> None:
-        """The commit is applied and synced: the journal restores nothing any more."""
-        header = Header(_CLEAN, self.generation, 0, 0, 0, 0, 0)
-        self.disk.pwrite(self.fd, _header_bytes(header, b""), 0)
+    def clean(self, *, applied: bool = True) -> None:
+        """The commit is applied and synced (``applied``; else its pages were put back): the
+        journal is zeroed, its trailer with it (synced), so the file restores nothing any more.
+        Only then are the bytes past HDF5's end of file that the commit left behind (committed
+        bytes it cut, bytes written past the end and freed) zeroed too, so that a region HDF5
+        takes there again reads as zeros, as in a file cut at its end (the rest of the tail is
+        zeros already; not synced: past the end of file, no reader reads them)."""
+        if self.span is None:
+            return
+        lo, hi = self.span
+        self.disk.pwrite(self.file_fd, bytes(hi - lo), lo)
         if self.durable:
-            self.disk.fsync(self.fd)
+            self.disk.fsync(self.file_fd)
+        self.span = None
+        dead, self.dead = self.dead, None
+        if dead is not None and applied:
+            lo, hi = dead
+            self.disk.pwrite(self.file_fd, bytes(hi - lo), lo)
 
     def unlock(self) -> None:
         """Readers may read again (after a commit, or a commit that failed: they then read the
-        file through the hot journal)."""
+        file through the journal whole in it)."""
         if fcntl is not None and self.fd is not None:
             try:
                 fcntl.flock(self.fd, fcntl.LOCK_UN)
@@ -384,9 +547,9 @@ class Journal:
             return
         os.close(fd)
         try:
-            self.disk.unlink(self.path)
+            os.unlink(self.path)
         except OSError:
-            pass  # gone already, or cannot go: a clean journal left behind restores nothing either
+            pass  # gone already, or cannot go: a generation left behind restores nothing either
 
 
 class _FileObject:
@@ -436,6 +599,7 @@ class CommittedFile(_FileObject):
         self.in_place = in_place
         self.committed = self.size if in_place else 0
         self.cut = self.committed  # committed bytes from here on read as zeros (truncated since the commit)
+        self.dirty_to = self.size  # bytes past HDF5's end of file up to here may not be zeros (written, then cut)
         self.pages: dict[int, bytearray] = {}
         self.originals: dict[int, bytes] = {}  # the committed bytes of each page (what the journal keeps)
         self.pos = 0
@@ -466,10 +630,13 @@ class CommittedFile(_FileObject):
             return size
         self.changed = self.changed or size != self.size
         self.size = size
-        if size >= self.committed:
-            self.disk.ftruncate(self.fd, size)  # HDF5's end of allocation: cuts a reserved tail, as its own driver does
-        else:  # committed bytes are cut only at the commit; until then they read as zeros
-            self.disk.ftruncate(self.fd, self.committed)
+        if size > self.disk.size(self.fd):  # HDF5's end of allocation: the file grows to it (a reader needs it whole)
+            self.disk.ftruncate(self.fd, size)
+        # never shorter here: the tail past HDF5's end of file (blocks claimed for writes to come,
+        # committed bytes cut, which the last commit needs until the next is whole) is cut by the
+        # next commit, just past its journal (``Journal.hot``), and at HDF5's end of file when the
+        # writer closes the file
+        if size < self.committed:  # committed bytes are cut only at the commit; until then they read as zeros
             self.cut = min(self.cut, size)
             for p, page in self.pages.items():
                 start = p * PAGE
@@ -492,6 +659,7 @@ class CommittedFile(_FileObject):
         if end > self.committed:  # new bytes: straight to the file
             at = max(offset, self.committed)
             self.disk.pwrite(self.fd, data[at - offset:], at)
+            self.dirty_to = max(self.dirty_to, end)
         stop = min(end, self.committed)
         if offset < stop:  # committed bytes: into pages until the commit
             lo = offset // PAGE * PAGE
@@ -538,33 +706,41 @@ class CommittedFile(_FileObject):
         return bytes(out)
 
     # -- commits ------------------------------------------------------------------------------
+    @property
+    def hot(self) -> bool:
+        """Whether the file holds the journal of a commit not finished (one that failed midway)."""
+        return self.journal.span is not None
+
     def commit(self) -> None:
         """Make the file as HDF5 has it now the committed state (see the module's docstring). A
         file not in place yet is only synced before it takes its path (``sync``)."""
         if self.discarding or not self.changed:
             return
+        # committed bytes past HDF5's end of file now (it cut the file) are never written by the
+        # commit: the journal needs none of them, and they are zeroed once it is done (``clean``)
+        cut = min(self.size, self.committed)
         entries = []
         for p in sorted(self.pages):
             start = p * PAGE
-            stop = min(start + PAGE, self.committed)
-            old = self.originals[p]
+            if start >= cut:
+                continue
+            stop = min(start + PAGE, cut)
+            old = self.originals[p][:stop - start]
             if old == self.pages[p][:stop - start]:  # rewritten with the same bytes (the committed rows
                 del self.pages[p]                     # of a partly filled chunk): nothing to replace
                 continue
             entries.append(Entry(start, old))
-        if self.size < self.committed:
-            entries.append(Entry(self.size, self.disk.pread(self.fd, self.committed - self.size, self.size)))
         try:
             if entries:
-                fresh = self.journal.fd is None
-                self.journal.hot(self.committed, entries)
-                if fresh and self.durable:  # the journal's new name synced with the directory: the rename too
-                    self.directory_unsynced = False
+                self.journal.hot(self.committed, entries, size=self.size,
+                                 start=max(self.size, self.committed, self.dirty_to))
+            elif self.dirty_to > max(self.size, self.committed):  # written past the end, then cut: zeros again
+                lo = max(self.size, self.committed)
+                self.disk.pwrite(self.fd, bytes(self.dirty_to - lo), lo)
             for p in sorted(self.pages):
                 start = p * PAGE
-                self.disk.pwrite(self.fd, memoryview(self.pages[p])[:min(PAGE, self.committed - start)], start)
-            if self.size < self.committed:
-                self.disk.ftruncate(self.fd, self.size)
+                if start < cut:
+                    self.disk.pwrite(self.fd, memoryview(self.pages[p])[:min(PAGE, cut - start)], start)
             if self.durable and self.in_place:
                 self.disk.fsync(self.fd)
                 if self.directory_unsynced:
@@ -572,13 +748,34 @@ class CommittedFile(_FileObject):
                     self.directory_unsynced = False
             if entries:
                 self.journal.clean()
+        except BaseException:
+            if self.hot:
+                self._undo(entries)
+            raise
         finally:
             if entries:
                 self.journal.unlock()
         self.committed = self.cut = self.size if self.in_place else 0
+        self.dirty_to = self.size
         self.pages.clear()
         self.originals.clear()
         self.changed = False
+
+    def _undo(self, entries: list[Entry]) -> None:
+        """A commit failed after its journal was whole (a failing disk): the committed bytes are
+        put back, so that the file is its last commit and the next one starts from it (the pages
+        stay, to be committed again). Should that fail too, nothing more is written: the file
+        keeps its last commit through the journal in it (a reader reads through it, the next
+        writer of the path rolls it back), and HDF5's writes past its end, which may reach the
+        journal, never do."""
+        try:
+            for e in entries:
+                self.disk.pwrite(self.fd, e.data, e.offset)
+            if self.durable:
+                self.disk.fsync(self.fd)
+            self.journal.clean(applied=False)
+        except BaseException:  # noqa: BLE001  (the commit's own error is the one raised)
+            self.discard()
 
     def sync(self) -> None:
         """The bytes written so far on the disk (before the file takes its path: a power loss
@@ -602,50 +799,69 @@ class CommittedFile(_FileObject):
         self.originals.clear()
 
     def close(self) -> None:
-        """After HDF5 closed the file (its last flush committed everything)."""
+        """After HDF5 closed the file (its last flush committed everything): the tail past its
+        end of file is cut, unless a commit that failed left its journal there (the file needs it:
+        a reader reads through it, the next writer rolls it back)."""
         self.journal.remove()
+        if not self.hot:
+            trim(self.fd)
+
+
+def roll_back(fd: int, disk: Disk | None = None) -> bool:
+    """Restore the last commit of the open file ``fd`` from the journal whole in it, if any, and
+    cut the file there (entries synced before the journal goes). Only with no live writer.
+    Returns whether there was one."""
+    disk = _disk(disk)
+    state = read_tail(fd, disk)
+    if state is None:
+        return False
+    for e in state.entries:
+        disk.pwrite(fd, e.data, e.offset)
+    disk.fsync(fd)
+    disk.ftruncate(fd, state.committed)
+    disk.fsync(fd)
+    return True
 
 
 def recover(target: Path, disk: Disk | None = None) -> bool:
-    """Roll back a commit a killed writer left half applied (its journal is hot and names the
-    file at ``target``), then remove the journal. Only under the path's lock: no live writer.
-    Returns whether the file was rolled back."""
+    """Before a writer takes the path ``target`` (under its lock: no live writer): roll back a
+    commit a killed writer left half applied in the file there (``roll_back``) and remove what
+    is at the journal's name beside it (a link's name, never its target). A directory there is
+    refused (``WriterError``) before anything is touched. Returns whether the file was rolled back."""
     disk = _disk(disk)
-    state = read_state(target, disk)
-    rolled = False
-    if state is not None and state.hot:
-        try:
-            fd = os.open(target, os.O_RDWR | _NOFOLLOW)
-        except OSError:
-            fd = None
-        if fd is not None:
-            try:
-                if state.names(os.fstat(fd)):
-                    for e in state.entries:
-                        disk.pwrite(fd, e.data, e.offset)
-                    disk.ftruncate(fd, state.header.committed)
-                    disk.fsync(fd)
-                    rolled = True
-            finally:
-                os.close(fd)
     jpath = journal_path(target)
-    if os.path.lexists(jpath):
+    try:
+        mode: int | None = os.lstat(jpath).st_mode
+    except OSError:
+        mode = None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise WriterError(f"cannot write {target}: {jpath} beside it is a directory, where pytest-jaxlog keeps what "
+                          f"readers of the live file check; remove it")
+    if mode is not None:
         try:
             disk.unlink(jpath)
         except OSError:
             pass
-    return rolled
+    try:
+        fd = os.open(target, os.O_RDWR | _NONBLOCK | _NOFOLLOW)
+    except OSError:
+        return False  # none (the usual case), or a link: the writer replaces the link, never writes through it
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode) and roll_back(fd, disk)
+    finally:
+        os.close(fd)
 
 
 class CommittedView(_FileObject):
-    """A read-only file object: the file as of the commit a hot journal restores, read through it
+    """A read-only file object: the file as of the commit its journal restores, read through it
     (the file is not changed: a reader never writes). ``fd`` stays the caller's to close."""
 
     def __init__(self, fd: int, state: JournalState, disk: Disk | None = None):
         self.fd = fd
         self.disk = _disk(disk)
-        self.size = state.header.committed
-        self.entries = sorted(state.entries)
+        self.size = state.committed
+        self.entries = state.entries  # in order and apart (``_parse_entries``)
+        self.starts = [e.offset for e in self.entries]
         self.pos = 0
 
     def flush(self) -> None:
@@ -659,8 +875,11 @@ class CommittedView(_FileObject):
         out = bytearray(n)
         have = self.disk.pread(self.fd, min(n, max(0, self.size - offset)), offset) if offset < self.size else b""
         out[:len(have)] = have
-        for e in self.entries:
+        i = max(0, bisect.bisect_right(self.starts, offset) - 1)  # the entries this read overlaps, and only those
+        while i < len(self.entries) and self.starts[i] < end:
+            e = self.entries[i]
             lo, hi = max(offset, e.offset), min(end, e.offset + len(e.data))
             if lo < hi:
                 out[lo - offset:hi - offset] = e.data[lo - e.offset:hi - e.offset]
+            i += 1
         return bytes(out)

@@ -79,10 +79,11 @@ class SpaceReserve:
             return
 
     def forget(self) -> None:
-        """HDF5 cuts the file to its end of allocation when it flushes, which frees the claimed
-        tail, and may leave holes where it allocated without writing: after a flush nothing is
-        taken as claimed, and the next ``ensure`` claims the blocks of the whole file again (a
-        real full file system failed writes below the size once claimed: ``test_storage_full_disk.py``)."""
+        """A commit cuts the file just past its rollback journal (``store.journal``), which frees
+        the claimed tail, and HDF5 may leave holes where it allocated without writing: after a
+        flush nothing is taken as claimed, and the next ``ensure`` claims the blocks of the whole
+        file again (a real full file system failed writes below the size once claimed:
+        ``test_storage_full_disk.py``)."""
         self.reserved = 0
 
     def _check_free(self, need: int, what: str) -> None:

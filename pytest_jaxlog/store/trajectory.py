@@ -47,17 +47,40 @@ _READ_ERRORS = (OSError, RuntimeError, KeyError)  # what h5py raises for unreada
 _RACED_READS = 20  # reads of a live file that may each overlap one of its writer's commits
 
 
+_REOPENS = 8  # opens of a path that each found another file there by the time HDF5 opened it
+
+
 def _open(path: Path) -> h5py.File:
-    """The file as of its last commit: read through its journal while a commit is being applied
-    or after a writer was killed applying one (``store.journal``); the file is never changed."""
-    state = journal.read_state(path)
-    if state is not None and state.hot:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        if state.names(os.fstat(fd)):
+    """The file as of its last commit: read through the rollback journal in it while a commit is
+    being applied, or after a writer was killed applying one (``store.journal``); the file is
+    never changed. Opened without blocking, and only if it is a regular file."""
+    for _ in range(_REOPENS):
+        fd = journal.open_file(path)
+        try:
+            st = os.fstat(fd)
+            state = journal.read_tail(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        if state is not None:
             view = journal.CommittedView(fd, state)
             weakref.finalize(view, os.close, fd)  # HDF5 holds the view until the file is closed
             return journal.opened(h5py.File(view, "r"), view)
-        os.close(fd)  # the journal of another file at this name (one being made to replace it)
+        try:
+            f = _open_plain(path)
+        finally:
+            os.close(fd)
+        try:
+            same = os.path.samestat(st, os.fstat(f.id.get_vfd_handle()))
+        except (OSError, RuntimeError, ValueError, TypeError, AttributeError):
+            same = True  # a driver without a descriptor: the generation check still applies
+        if same:
+            return f
+        f.close()  # the path names another file since it was checked: check that one
+    raise JaxlogError(f"{path}: the file at this path was replaced {_REOPENS} times while it was opened; read it again")
+
+
+def _open_plain(path: Path) -> h5py.File:
     try:
         return h5py.File(path, "r")
     except OSError as exc:
@@ -675,6 +698,8 @@ def _open_checked(path: Path) -> h5py.File:
     """``_open`` with every failure (gone, replaced by junk, unreadable) as one JaxlogError."""
     try:
         return _open(path)
+    except JaxlogError:
+        raise
     except FileNotFoundError:
         raise JaxlogError(f"{path}: no such trajectory file") from None
     except (OSError, RuntimeError, ValueError) as exc:
