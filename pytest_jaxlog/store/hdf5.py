@@ -911,7 +911,7 @@ class HDF5Writer(Sink):
                     nframes += n
                     self._queue.tick()
                 if group.time is not None:
-                    group.time.append(old, np.ascontiguousarray(steps * dt, dtype=np.float64))
+                    group.time.append(old, np.ascontiguousarray(frames.times_of(group.paths, steps, dt), dtype=np.float64))
                 # step last: a frame counts (for the reader) once its step is there
                 group.step.append(old, np.ascontiguousarray(steps, dtype=np.int64))
                 self._rows[key] = old + n

@@ -449,7 +449,7 @@ class Trajectory:
         return out
 
     def time(self, name: str, index: Any = None) -> np.ndarray:
-        """Times of a record's frames (step * dt)."""
+        """Times of a record's frames: step * dt, or the times they were given (``jl.from_arrays``)."""
         if self.schema.dt is None:
             raise JaxlogError(f"record {name!r} has no time: the run was not given dt=")
         paths = self.schema.resolve(name)
@@ -457,6 +457,9 @@ class Trajectory:
             times = self._file_read(paths[0], "time", index)
             if times is not None:
                 return times
+        elif paths[0] in self._frames.times:  # given with the frames (jl.from_arrays(time=...))
+            given = self._frames.times[paths[0]]
+            return given if index is None else given[index]
         return self.steps(name, index).astype(np.float64) * self.schema.dt
 
     def wrap_keys(self, name: str, index: Any = None):
