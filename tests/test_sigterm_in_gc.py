@@ -74,15 +74,19 @@ def test_a_sigterm_inside_a_gc_callback_stops_jl_run_at_the_next_chunk(tmp_path,
         jl.run(lambda s: s * 0.5 + 1.0, jnp.zeros(4), 2000, chunk=100, record={"s": lambda s: s},
                sinks=[jl.HDF5Writer(path)], checkpoint=jl.every(1000), progress=Collect(2000, enabled=False))
     assert exc.value.signum == signal.SIGTERM
-    assert term_in_gc.sent_at == 300 and term_in_gc.after == []  # no chunk consumed after the signal
+    # sent at the first frames handled at or after step 300 (a loaded machine may pull several
+    # chunks at once); no chunk consumed after the signal
+    sent = term_in_gc.sent_at
+    assert sent is not None and 300 <= sent < 2000 and sent % 100 == 0 and term_in_gc.after == []
     traj = jl.load(path)
-    assert (traj.status, traj.stop_reason, traj.steps_done) == ("stopped", "interrupted", 300)
-    np.testing.assert_array_equal(traj.steps("s"), np.arange(301))
-    assert traj.attachment_steps("checkpoint") == [300]  # the Ctrl-C path's checkpoint where the frames end
+    assert (traj.status, traj.stop_reason, traj.steps_done) == ("stopped", "interrupted", sent)
+    np.testing.assert_array_equal(traj.steps("s"), np.arange(sent + 1))
+    # the schedule's checkpoints before the stop, and the Ctrl-C path's where the frames end
+    assert traj.attachment_steps("checkpoint") == sorted({k for k in (1000,) if k < sent} | {sent})
     run = exc.value.jaxlog_run
-    assert run.steps_done == 300
+    assert run.steps_done == sent
     expected = np.zeros(4, np.float32)
-    for _ in range(300):  # the state at the stop, computed plainly
+    for _ in range(sent):  # the state at the stop, computed plainly
         expected = expected * np.float32(0.5) + np.float32(1.0)
     np.testing.assert_array_equal(np.asarray(run.state), expected)
     assert signals.NOTED.signum == 0 and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, signals._note)

@@ -8,6 +8,7 @@ from ..errors import JaxlogError
 from ..record.frames import Frames, Schema
 from ..store.hdf5 import HDF5Writer
 from ..store.parts import PartsWriter, PartTree, processes_of
+from ..store.loggersink import LoggerSink, is_logger_shaped
 from ..store.sink import Sink, as_sink
 from ..store.sinks import MemorySink
 from ..store.trajectory import Trajectory, load
@@ -32,7 +33,7 @@ class SinkSet:
             sinks = ()
         if not isinstance(sinks, (list, tuple)):
             sinks = (sinks,)
-        sinks = tuple(as_sink(_not_a_recorder(s)) for s in sinks)
+        sinks = tuple(LoggerSink(s) if is_logger_shaped(s) else as_sink(s) for s in map(_not_a_recorder, sinks))
         self.own_memory = None
         if not sinks:
             self.own_memory = MemorySink()

@@ -87,15 +87,11 @@ class _FourMethodSink(Sink):
 
 
 def as_sink(obj: Any) -> Sink:
-    """``obj`` itself when it is a ``Sink``; an object with the four original methods, adapted; a
-    logger (``__enter__``, ``__exit__``, ``log(state, step)``), fed each recorded step's records
-    (``store.loggersink``); anything else is one JaxlogError naming the missing method."""
+    """``obj`` itself when it is a ``Sink``; an object with the four original methods, adapted;
+    anything else is one JaxlogError naming the missing method. (A logger, ``__enter__``,
+    ``__exit__``, ``log``, is turned into a sink by the run's sink set: ``store.loggersink``.)"""
     if isinstance(obj, Sink):
         return obj
-    from .loggersink import LoggerSink, is_logger_shaped  # it builds on Sink
-
-    if is_logger_shaped(obj):
-        return LoggerSink(obj)
     for meth in REQUIRED:
         if not callable(getattr(obj, meth, None)):
             raise JaxlogError(f"sinks=: {obj!r} does not implement the Sink protocol (missing {meth}())")
