@@ -52,7 +52,6 @@ Workloads ("standard": total and kinetic energy every step, positions every 10 s
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
@@ -76,6 +75,7 @@ import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
 import pytest_jaxlog as jl  # noqa: E402
+from pytest_jaxlog.drive import program  # noqa: E402
 from references import bare_scan, scan_with_records, write_records  # noqa: E402
 
 PAGE = ROOT / "docs" / "performance.md"
@@ -261,7 +261,7 @@ def _chunk_program_loop(step, state, record, steps: int, per_dispatch: int = 1, 
     time, chaining its buffers as the driver does, and does nothing else: with one step, the
     dispatch that a ``chunk=1`` run cannot avoid; with the whole run, the device program alone.
     ``initial``: the first dispatch records the initial state, as a run's first chunk does."""
-    from pytest_jaxlog.drive import program, resolution
+    from pytest_jaxlog.drive import resolution
     from pytest_jaxlog.drive.config import RunConfig
     from pytest_jaxlog.drive.lanes import lanes_of
     from pytest_jaxlog.drive.scalars import scalars_on
@@ -606,26 +606,12 @@ def section_accelerator(args, rows: list[Row], files: Files) -> None:
 BLOCKS = (1, 8, 32, 128)  # the plain loop (a runtime trip count per step), then blocks of a trip count XLA knows
 
 
-@contextlib.contextmanager
-def loop_block(block: int):
-    """``JAXLOG_BLOCK`` set for the runs inside (read when a run lays out its program)."""
-    old = os.environ.get("JAXLOG_BLOCK")
-    os.environ["JAXLOG_BLOCK"] = str(block)
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("JAXLOG_BLOCK", None)
-        else:
-            os.environ["JAXLOG_BLOCK"] = old
-
-
 def host_copies(step, state, record, steps: int, block: int, tmp: Path) -> tuple[float, int]:
     """Device-to-host copies per step in a profiler trace of a whole run at ``block`` slots a
     block, and the run's masked steps (``None`` copies where the trace has no device track: the
     CPU)."""
     d = Path(tempfile.mkdtemp(dir=tmp))
-    with loop_block(block):
+    with program.block_setting(block):
         jl.run(step, state, steps, record=record, progress=False)  # compiled outside the trace
         with jax.profiler.trace(str(d)):
             run = jl.run(step, state, steps, record=record, progress=False)
@@ -671,7 +657,7 @@ def section_blocks(args, rows: list[Row], files: Files) -> None:
 
         def run_at(block, step=step, state=state, record=record, invs=invs, steps=steps):
             def go():
-                with loop_block(block):
+                with program.block_setting(block):
                     return jl.run(step, state, steps, record=record, invariants=invs, sinks=[files.writer()],
                                   progress=False)
             return go
@@ -692,7 +678,6 @@ def section_blocks(args, rows: list[Row], files: Files) -> None:
             rows.append(Row("blocks", f"{name}: plain JAX, {k}", f"{label}, {steps:,} steps, no records, vs a scan",
                             ratios(times, k, "scan")))
         short = 200
-        from pytest_jaxlog.drive import program
         for b in (1, program.BLOCK["gpu"]):
             per_step, masked = host_copies(step, state, record, short, b, files.tmp)
             rows.append(Row("blocks", f"{name}: device-to-host copies per step, block {b}",

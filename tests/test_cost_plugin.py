@@ -21,22 +21,8 @@ import pytest_jaxlog.profiling.costfile  # noqa: E402,F401
 import pytest_jaxlog.harness.costs  # noqa: E402,F401
 import pytest_jaxlog.store.hdf5  # noqa: E402,F401
 import pytest_jaxlog.profiling.timeline  # noqa: E402,F401
+from cost_kernel import CHEAPER, GOLDEN, KERNEL, PLAIN, TWICE  # noqa: E402
 
-KERNEL = """
-import jax.numpy as jnp
-import pytest_jaxlog as jl
-
-def step(x):
-    return {work}
-
-def test_cost(jaxlog):
-    run = jaxlog.run(step, jnp.linspace(0.0, 1.0, 64), 10, record={{"mean": lambda x: x.mean()}})
-    assert jaxlog.check_cost(run) in ("ok", "created", "regenerated")
-"""
-PLAIN = "x * 0.9 + jnp.sin(x)"
-TWICE = "x * 0.9 + jnp.sin(x) + jnp.sin(x + 1.0)"
-CHEAPER = "x * 0.9"
-GOLDEN = "fixtures/golden/test_k.test_cost.cost.json"
 RUN = ("-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning")
 
 

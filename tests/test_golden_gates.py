@@ -20,24 +20,14 @@ import h5py  # noqa: E402,F401
 import jax.numpy  # noqa: E402,F401
 import pytest_jaxlog.drive.run, pytest_jaxlog.drive.cost, pytest_jaxlog.harness.costs  # noqa: E401,E402,F401
 import pytest_jaxlog.store.hdf5, pytest_jaxlog.profiling.timeline  # noqa: E401,E402,F401
+from cost_kernel import GOLDEN, KERNEL, PLAIN, TWICE  # noqa: E402
 
-KERNEL = """
-import jax.numpy as jnp
-
-def step(x):
-    return {work}
-
-def test_cost(jaxlog):
-    run = jaxlog.run(step, jnp.linspace(0.0, 1.0, 64), 10, record={{"mean": lambda x: x.mean()}})
-    assert jaxlog.check_cost(run) in ("ok", "created", "regenerated")
-"""
 RUN = ("-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning")
-GOLDEN = "fixtures/golden/test_k.test_cost.cost.json"
 
 
 @pytest.mark.parametrize("garbage", ["NaN", "Infinity"])
 def test_a_cost_golden_of_nan_or_inf_fails_a_kernel_doing_twice_the_work(pytester, garbage):
-    pytester.makepyfile(test_k=KERNEL.format(work="x * 0.9 + jnp.sin(x)"))
+    pytester.makepyfile(test_k=KERNEL.format(work=PLAIN))
     pytester.runpytest(*RUN, "--jaxlog-regen").assert_outcomes(passed=1)
     path = pytester.path / GOLDEN
     doc = json.loads(path.read_text())
@@ -45,7 +35,7 @@ def test_a_cost_golden_of_nan_or_inf_fails_a_kernel_doing_twice_the_work(pyteste
     doc["entries"][key]["metrics"] = {m: float(garbage.replace("Infinity", "inf")) for m in doc["entries"][key]["metrics"]}
     path.write_text(json.dumps(doc))  # json writes NaN / Infinity, which json reads back
 
-    pytester.makepyfile(test_k=KERNEL.format(work="x * 0.9 + jnp.sin(x) + jnp.sin(x + 1.0)"))
+    pytester.makepyfile(test_k=KERNEL.format(work=TWICE))
     result = pytester.runpytest(*RUN)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([f"E   *JaxlogError: [[]jaxlog] cost golden {pytester.path / GOLDEN} entry {key!r}: "

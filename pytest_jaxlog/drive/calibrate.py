@@ -20,10 +20,8 @@ tolerance.
 
 from __future__ import annotations
 
-import contextlib
-import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -92,7 +90,7 @@ def calibrate(step: Callable, state: Any, steps: int, *, record: Any, safety: fl
 
         home = program.block_for(jax.default_backend())
         for block in ((8, 32) if home == 1 else (1, 8)):
-            with _env("JAXLOG_BLOCK", str(block)):
+            with program.block_setting(block):
                 variants[f"blocks={block}"] = once()
     if "x64" in perturb:
         try:
@@ -156,15 +154,3 @@ def _in_x64(step: Callable, state: Any, steps: int, record: Any, run_kwargs: dic
     finally:
         jax.config.update("jax_enable_x64", was)
 
-
-@contextlib.contextmanager
-def _env(name: str, value: str) -> Iterator[None]:
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old

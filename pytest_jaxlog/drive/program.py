@@ -51,11 +51,12 @@ How a chunk of work steps ``k0 .. k0+n-1`` (recording steps ``k0+1 .. k0+n``) ru
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -251,6 +252,21 @@ SEGMENT_MAX = 4096  # a nested plan's longest segment: longer periods step in se
 # loops on the host, and a TPU's scalar unit runs them on the chip: the plain loop there (BLOCK_DEFAULT)
 BLOCK = {"gpu": 32, "cuda": 32, "rocm": 32}
 BLOCK_DEFAULT = 1
+
+
+@contextlib.contextmanager
+def block_setting(block: int) -> Iterator[None]:
+    """``JAXLOG_BLOCK`` set to ``block`` for the runs inside (read when a run lays out its
+    program), then as it was: runs compared in other loop blocks (``jl.calibrate``, benchmarks)."""
+    old = os.environ.get("JAXLOG_BLOCK")
+    os.environ["JAXLOG_BLOCK"] = str(block)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("JAXLOG_BLOCK", None)
+        else:
+            os.environ["JAXLOG_BLOCK"] = old
 
 
 def block_for(platform: str) -> int:
