@@ -128,12 +128,15 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
+UNTIMED = 2  # untimed calls of each variant before the timed repeats (see interleaved)
+
+
 def interleaved(variants: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
     """Seconds per call of each variant, ``repeats`` times, the variants interleaved, after two
     untimed rounds: the first compiles, the second runs each variant once more warm (on a GPU the
     first timed call after the compiles read up to 2.5x slow, with the clocks and caches of a
     device that sat idle while the host compiled)."""
-    for _ in range(2):
+    for _ in range(UNTIMED):
         for fn in variants.values():
             fn()
     times: dict[str, list[float]] = {k: [] for k in variants}
@@ -518,7 +521,7 @@ def reuse_cost(make, steps: int, repeats: int) -> list[float]:
     def record(energy, positions):
         return {"energy": lambda s: energy(s)["total"], "positions": jl.Record(lambda s: positions(s), every=10)}
 
-    made = [make() for _ in range(repeats + 1)]
+    made = [make() for _ in range(repeats + UNTIMED)]  # new objects for every call, untimed ones too
     step, state, energy, positions = made[0]
     same = record(energy, positions)
     fresh = iter(made)
