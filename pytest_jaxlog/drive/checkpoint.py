@@ -27,6 +27,7 @@ import jax
 import numpy as np
 
 from ..errors import JaxlogError
+from ..record.schedule import schedule_from_json
 
 META = "jaxlog_checkpoint"  # the attachment entry that completes a checkpoint (written last)
 NAME = "checkpoint"
@@ -194,7 +195,7 @@ def prepare(path: str | os.PathLike, from_step: int | None, *, filtered: frozens
             complete = [s for s in stored if checkpoint_at(traj, s) is not None]
             raise JaxlogError(f"{path} has no checkpoint at step {from_step} (checkpoints: {complete})")
         if damage is None:
-            raise JaxlogError(f"{path} holds no checkpoint to resume from (run with checkpoint=jl.every(n))")
+            raise JaxlogError(_no_checkpoint(path, traj))
         raise JaxlogError(f"{path}: no checkpoint has all its frames intact, nothing to resume from ({damage})")
     check_consistent(traj, found, filtered=filtered)
     source = path.with_name(f".{path.name}{RESUME_MARK}{os.getpid()}")
@@ -202,6 +203,22 @@ def prepare(path: str | os.PathLike, from_step: int | None, *, filtered: frozens
         source.unlink()
     os.link(path, source)
     return Resumable(point=ResumePoint(source=source, step=found.step, meta=found.meta, run_meta=traj.meta), checkpoint=found)
+
+
+def _no_checkpoint(path: Path, traj: Any) -> str:
+    """Why a file holds no checkpoint: a run without ``checkpoint=``, or one that died (or was
+    stopped) before its first checkpoint reached the disk; the last commit says how far it got."""
+    run = traj.description.get("run")
+    planned = isinstance(run, dict) and run.get("checkpoint") is not None
+    if not planned:
+        return f"{path} holds no checkpoint to resume from: its run kept none (run with checkpoint=jl.every(n))"
+    try:
+        schedule = f"jl.{schedule_from_json(run['checkpoint'])!r}"
+    except JaxlogError:
+        schedule = "a schedule"
+    return (f"{path} holds no checkpoint to resume from: its run (checkpoint={schedule}) ended "
+            f"{traj.status!r} at its last commit, step {traj.steps_done}, before its first checkpoint was committed; "
+            f"start it again with jl.run")
 
 
 RESUME_MARK = ".resume-"  # the old file's second name during a resume: .<name>.resume-<pid>

@@ -104,7 +104,9 @@ class ProgressLogger:
     the device every step); or record paths (``["energy/total"]``), whose latest recorded values
     are shown; by default, ``jl.run`` shows the latest values of up to three scalar records,
     taken from the frames it records (the state itself may already be donated).
-    Quiet unless stderr is a terminal, or ``enabled=True``.
+    Quiet unless stderr is a terminal, or ``enabled=True``. ``jl.run`` with a file sink also
+    shows ``saved``: the last step on disk, what a kill of the run now would keep (a file's
+    commits trail the recorded steps by at most its ``flush_every_s`` and two commits).
     """
 
     SHOWN_RECORDS = 3
@@ -120,6 +122,7 @@ class ProgressLogger:
         self.bar = None
         self._last_postfix = -float("inf")
         self._shown: dict[str, Any] = {}
+        self._saved: int | None = None
 
     def __enter__(self):
         if self.enabled and self.bar is None:
@@ -155,7 +158,22 @@ class ProgressLogger:
         now = time.monotonic()
         if self._shown and now - self._last_postfix >= self.mininterval:
             self._last_postfix = now
-            self.bar.set_postfix({p: _scalar(v) for p, v in self._shown.items()}, refresh=False)
+            self._set_postfix()
+
+    def _set_postfix(self) -> None:
+        if self.bar is None:
+            return
+        shown = {p: _scalar(v) for p, v in self._shown.items()}
+        if self._saved is not None:
+            shown["saved"] = self._saved
+        self.bar.set_postfix(shown, refresh=False)
+
+    def saved(self, step: int | None) -> None:
+        """The last step a file sink has on disk (``jl.run`` calls it per batch of frames)."""
+        if self.bar is None or step is None or step == self._saved or callable(self.postfix):
+            return
+        self._saved = int(step)
+        self._set_postfix()
 
     def for_run(self, schema: Any) -> "ProgressLogger":
         """Check ``postfix`` against what ``jl.run`` records (before any step runs): record names

@@ -149,6 +149,8 @@ class RunLoop:
         meta = {"driver": "run", "steps": cfg.steps, "start_step": cfg.start_step, "chunk": self.chunk, "dt": cfg.dt,
                 "has_aux": cfg.has_aux, "batched": cfg.batched is not False, "keyed": cfg.keyed,
                 "until": cfg.until is not None}
+        if cfg.checkpoint is not None:  # a file without a checkpoint yet can say the run meant to keep them
+            meta["checkpoint"] = cfg.checkpoint.to_json()
         if cfg.meta:  # meta=: the run's own metadata, read back as traj.meta (see record.runmeta)
             meta[runmeta.KEY] = cfg.meta
         self.layout = None  # a run over several processes: who writes which block of each record
@@ -387,6 +389,7 @@ class RunLoop:
                 self.saved_at = self.checkpointer.save(self.written_step, self.written_state,
                                                        self.last.out["stopped"], self.systems_done)
             if self.bar is not None:
+                self.bar.saved(pipe.sinks.committed_step())
                 self.bar.advance(self.written_step - cfg.start_step)
             if self.vote is not None:
                 self.stop_if_asked(group)
@@ -504,6 +507,7 @@ class RunLoop:
             self.fills.give(bufs)
         self.fills.close()
         if self.bar is not None:
+            self.bar.saved(self.pipe.sinks.committed_step())  # the sinks are closed: their last commit
             if self.stop_reason == "until":  # stopped early on purpose: the bar ends where the run did
                 self.bar.end_at(self.written_step - self.cfg.start_step)
             self.bar.__exit__(*sys.exc_info())

@@ -106,6 +106,12 @@ class SinkSet:
             raise first
         return first
 
+    def committed_step(self) -> int | None:
+        """The last step every durable sink has on disk (None: no sink says, or none has yet)."""
+        steps = [getattr(s, "committed_step", None) for s in self.opened]
+        steps = [int(x) for x in steps if x is not None]
+        return min(steps) if steps else None
+
     @property
     def artifacts(self) -> dict:
         out: dict = {}

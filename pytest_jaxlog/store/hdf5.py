@@ -56,6 +56,7 @@ from ..record.numbers import is_integer
 from .bytequeue import ByteQueue, Item, Stalled
 from .owned import copied_views, holds_device_views
 from .format import CRC_ATTR, CRC_COVERS, LIBVER, attr_text, json_crc32, json_text
+from .lag import CommitLedger
 from .journal import CommittedFile, durable_replace, opened, recover, roll_back
 from .dtypes import DTYPE_ATTR, KEY_IMPL_ATTR, check_frames, check_leaf_dtype, encode, storage_dtype, to_host
 from .pathlock import PathLock, process_alive
@@ -280,6 +281,9 @@ class HDF5Writer(Sink):
     """Sink writing an H5MD trajectory file from a background thread.
 
     ``flush_every_s``: how often data and ``steps_done`` reach the disk (what survives a kill).
+    A frame handed over is committed within ``flush_every_s`` plus two commits' time: ``write``
+    waits for the writer when it falls further behind (``store.lag``); ``committed_step`` says
+    where the disk is.
     ``queue_bytes``: memory handed over to the writer thread and not yet written; ``write`` waits
     while it is full, a batch larger than this goes in slices (one step at least).
     ``stall_timeout_s``: a caller waiting on the writer thread (full queue, ``flush``, ``close``)
@@ -342,6 +346,7 @@ class HDF5Writer(Sink):
         self.stats = {"batches": 0, "frames": 0, "bytes": 0, "flushes": 0, "max_queue_bytes": 0,
                       "blocked_s": 0.0, "reserve_misses": 0}
         self._queue = ByteQueue(self.queue_bytes, self.stall_timeout_s)
+        self._ledger = CommitLedger(self.flush_every_s)  # hand-overs against commits: the lag bound
         self._thread: threading.Thread | None = None
         self._file: h5py.File | None = None
         self._fixed: dict[str, Any] = {}  # name -> open attribute handle (see ``_open_fixed``)
@@ -432,6 +437,7 @@ class HDF5Writer(Sink):
         if last is None:
             return
         self._check_alive()
+        self._keep_up()
         nbytes = _frames_bytes(frames)
         if nbytes + _ITEM_BYTES <= self.queue_bytes:
             self._hand_over(frames, nbytes + _ITEM_BYTES)
@@ -559,6 +565,25 @@ class HDF5Writer(Sink):
                 self.stats["blocked_s"] += time.monotonic() - t0
             frames = copied_views(frames)
         self._put(Item("frames", frames, nbytes))
+        self._ledger.handed(frames.last_step if frames.last_step is not None else self._max_step)
+
+    def _keep_up(self) -> None:
+        """Backpressure in time (``store.lag``): before more frames go in, wait for the commit of
+        those handed over longer ago than the bound, so the file never trails the run by more."""
+        ledger = self._ledger
+        while not self._stalled and (due := ledger.overdue()) is not None:
+            t0 = time.monotonic()
+            self._wait(lambda: ledger.committed >= due or self._error is not None or not self._alive(), "committing")
+            ledger.waited(time.monotonic() - t0)
+            self._raise_pending()
+            self._check_alive()
+        self.stats.update(ledger.stats())
+
+    @property
+    def committed_step(self) -> int | None:
+        """The last step of the frames on disk (a kill keeps them); None before the first commit."""
+        step = self._ledger.committed_step
+        return step if step >= 0 else None
 
     def _put(self, item: Item) -> None:
         if self._stalled:
@@ -827,6 +852,7 @@ class HDF5Writer(Sink):
                 if item is None:
                     pass
                 elif item.kind == "frames":
+                    self._ledger.took()
                     if self._error is None:
                         self._append(item.payload)
                         dirty = True
@@ -965,6 +991,7 @@ class HDF5Writer(Sink):
                 self._cf.now_in_place(directory_synced=True)
 
     def _flush(self) -> None:
+        started = time.monotonic()
         f = self._file
         bound = self._flushed_end + self._unflushed + _SLACK
         self._set_fixed("steps_done", max(self._written_step, 0))
@@ -975,6 +1002,7 @@ class HDF5Writer(Sink):
         self._unflushed = 0
         self._gen += 1
         self.stats["flushes"] += 1
+        self._ledger.commit_done(started, self._written_step)
 
     def _commit(self, f: h5py.File) -> None:
         """``f.flush()``, which commits (``store.journal``); HDF5 reports a failed commit only as
@@ -1039,7 +1067,9 @@ class HDF5Writer(Sink):
                 self._set_fixed("writer_error", str(error))
             self._set_fixed("status", status)
             self._set_fixed("steps_done", int(steps_done))
+            started = time.monotonic()
             self._commit(f)
+            self._ledger.commit_done(started, self._written_step)
         except BaseException:
             if f is not None:
                 _close_discarding(f, self._cf)

@@ -180,6 +180,10 @@ class PartsWriter(Sink):
             out["trajectory_part"] = self.part.path
         return out
 
+    @property
+    def committed_step(self) -> int | None:
+        return None if self.part is None else self.part.committed_step
+
     # -- the index ------------------------------------------------------------------------------
     def _write_index(self) -> None:
         """The index, written beside the path and renamed over it: a reader sees the old one or

@@ -56,6 +56,12 @@ class Sink(abc.ABC):
         """Files this sink produced, by kind (e.g. ``{"trajectory": path}``)."""
         return {}
 
+    @property
+    def committed_step(self) -> int | None:
+        """The last step whose frames a kill of the process would keep (a file sink's commits);
+        None: the sink keeps nothing durable, or nothing yet. The progress bar shows it."""
+        return None
+
 
 class _FourMethodSink(Sink):
     """An object with the original four methods only, as a ``Sink``: what it cannot take
