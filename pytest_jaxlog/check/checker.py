@@ -74,6 +74,7 @@ class Hit:
     finding: Finding
     group: str | None = None
     name_leaf: bool = True
+    on_leaf: bool = False  # system and index are an element of leaves[0] (an elementwise check)
 
 
 class Invariant:
@@ -165,7 +166,8 @@ class Invariant:
 
     def hit(self, leaf: LeafSpec, step: int, system: int | None, index: tuple[int, ...] | None,
             finding: Finding) -> Hit:
-        return Hit(leaf.path, (leaf,), step, system, index, finding, self.group_of(leaf), self.names_leaf(leaf))
+        return Hit(leaf.path, (leaf,), step, system, index, finding, self.group_of(leaf), self.names_leaf(leaf),
+                   on_leaf=True)
 
     # -- running state (checkpoints)
     def save_state(self, leaf: LeafSpec, state: Any) -> Any:
@@ -263,17 +265,23 @@ class Checker:
 
     def _violation(self, hit: Hit, batches: Sequence[Batch]) -> InvariantViolation:
         f = hit.finding
+        recent = self._recent(hit, batches)
+        system, index = hit.system, hit.index
+        if hit.on_leaf and system is not None and self.schema.by_rows(hit.leaves[0]):
+            # a ragged batch's row record: the row is named as its graph and its index in the graph
+            system, row = self.schema.row_place(system)
+            index = (row, *(index or ()))
         return InvariantViolation(
             self.invariant.name,
             record=hit.record,
             step=hit.step,
-            system=hit.system,
-            index=hit.index,
+            system=system,
+            index=index,
             value=f.value,
             expected=f.expected,
             tolerance=f.tolerance,
             detail=f.detail,
-            recent=self._recent(hit, batches),
+            recent=recent,
             group=hit.group,
             name_leaf=hit.name_leaf,
         )

@@ -18,6 +18,7 @@ from .checkpoint import ResumePoint
 from .lanes import lanes_of
 from .predicates import takes_values
 from .program import Lane
+from .ragged import Segments, as_segments
 from .resolve import log_schedules
 
 __all__ = ["RunConfig", "configure"]
@@ -38,7 +39,7 @@ class RunConfig:
     chunk: int | None
     profile: Any
     has_aux: bool
-    batched: bool | int
+    batched: bool | int | Segments  # segments=: the ragged batch, each graph a system
     until: Callable | None
     on_violation: str
     postmortem: int
@@ -66,10 +67,11 @@ def configure(step: Callable, state: Any, steps: int, *, record: Any, invariants
               chunk: int | None, profile: Any, has_aux: bool, aux: Any, batched: bool | int, until: Callable | None,
               on_violation: str, postmortem: int, progress: Any, chunk_budget_bytes: int, timeline: Any,
               donate: bool, start_step: int, logs: Any, log_capacity: int | None, checkpoint: Any,
-              resume: ResumePoint | None = None, meta: Any = None) -> RunConfig:
+              resume: ResumePoint | None = None, meta: Any = None, segments: Any = None) -> RunConfig:
     """``jl.run``'s arguments (its defaults are in its signature) checked, as a :class:`RunConfig`;
     ``state`` only to say when it looks swapped with ``step``; ``resume``: the checkpoint
-    ``jl.resume`` continues from."""
+    ``jl.resume`` continues from; ``segments``: a ragged batch's graph of each row (it makes the
+    run batched, one system per graph)."""
     steps = check_count(steps, "steps", minimum=0)
     start_step = check_count(start_step, "start_step", minimum=0)
     if start_step + steps >= 2**31:
@@ -83,11 +85,12 @@ def configure(step: Callable, state: Any, steps: int, *, record: Any, invariants
         raise JaxlogError(f"until= must be a callable state -> bool, got {until!r}")
     if not isinstance(batched, bool):
         batched = check_count(batched, "batched (the number of systems, or True/False)", minimum=1)
+    shape: bool | int | Segments = batched if segments is None else as_segments(segments, batched)
     if log_capacity is not None:
         log_capacity = check_count(log_capacity, "log_capacity", minimum=1, none="or None")
     return RunConfig(step=step, steps=steps, start_step=start_step, lanes=lanes_of(record, bool(has_aux), aux),
-                     invariants=as_list(invariants), sinks=sinks, key=None if key is None else as_key(key, batched), dt=dt,
-                     chunk=chunk, profile=profile, has_aux=bool(has_aux), batched=batched, until=until,
+                     invariants=as_list(invariants), sinks=sinks, key=None if key is None else as_key(key, shape), dt=dt,
+                     chunk=chunk, profile=profile, has_aux=bool(has_aux), batched=shape, until=until,
                      on_violation=check_on_violation(on_violation), postmortem=int(postmortem), progress=progress,
                      budget=int(chunk_budget_bytes), timeline=timeline, donate=bool(donate),
                      logs=log_schedules(logs), log_capacity=log_capacity,
@@ -106,7 +109,7 @@ def _meta(meta: Any, resume: ResumePoint | None) -> dict:
     return dict(resume.run_meta)
 
 
-def as_key(key: Any, batched: bool | int = False) -> Any:
+def as_key(key: Any, batched: bool | int | Segments = False) -> Any:
     """``key=`` as a key array: a typed key (``jax.random.key``) or raw key data
     (``jax.random.PRNGKey``: uint32, trailing axis the default impl's); anything else is one
     JaxlogError saying what a key is, not JAX's error from deep inside the first trace. One key:

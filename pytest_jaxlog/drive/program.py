@@ -156,6 +156,7 @@ class Plan:
     until_values: bool = False  # until= takes (state, values): the step's aux and logs (see drive.predicates)
     block: int = 1  # loop slots per block of steps (a loop of that trip count, known to XLA; see ``blocks``)
     segment: int = 1  # nested plans: loop slots between two states the compact lanes are asked about
+    segments: Any = None  # a ragged batch (drive.ragged.Segments): a finished graph's rows are frozen too
     _hash: int = dataclasses.field(init=False, repr=False, compare=False)  # see __post_init__
 
     def __post_init__(self):  # jit hashes its static argument on every call: hash the lanes once
@@ -448,7 +449,7 @@ def until_flags(plan: Plan, state: Any, values: dict | None = None) -> Any:
     """``until(state)`` (``until(state, values)`` where it takes the step's values) as a bool
     scalar, or one bool per system in batched runs."""
     if plan.n_systems is not None:
-        check_system_axes(state, plan.n_systems)
+        check_system_axes(state, plan.n_systems, plan.segments)
     flag = jnp.asarray(ask(plan.until, state, (values or {}) if plan.until_values else None, "until="))
     want = () if plan.n_systems is None else (plan.n_systems,)
     if flag.dtype != jnp.bool_ or flag.shape != want:
@@ -457,14 +458,28 @@ def until_flags(plan: Plan, state: Any, values: dict | None = None) -> Any:
     return flag
 
 
-def _freeze(plan: Plan, done: Any, old: Any, new: Any) -> Any:
-    """Systems that are done keep their state; shared leaves (no system axis) go on."""
+def _done_along(plan: Plan, done: Any, x: Any) -> Any:
+    """``done`` along ``x``'s leading axis, shaped to broadcast against it: per system, or in a
+    ragged batch per row (``done[ids]``, each row its graph's flag); None where ``x`` has neither
+    axis (shared by all systems)."""
     n = plan.n_systems
+    if getattr(x, "ndim", 0) < 1:
+        return None
+    if x.shape[0] == n:
+        along = done
+    elif plan.segments is not None and x.shape[0] == plan.segments.n_rows:
+        along = done[plan.segments.ids]
+    else:
+        return None
+    return along.reshape(along.shape + (1,) * (x.ndim - 1))
 
+
+def _freeze(plan: Plan, done: Any, old: Any, new: Any) -> Any:
+    """Systems that are done keep their state (in a ragged batch: their graphs' rows too); shared
+    leaves (no system axis) go on."""
     def pick(o, x):
-        if getattr(x, "ndim", 0) >= 1 and x.shape[0] == n:
-            return jnp.where(done.reshape((n,) + (1,) * (x.ndim - 1)), o, x)
-        return x
+        mask = _done_along(plan, done, x)
+        return x if mask is None else jnp.where(mask, o, x)
     return jax.tree_util.tree_map(pick, old, new)
 
 
@@ -499,11 +514,10 @@ def _invalid(x: Any) -> Any:
 def _invalidate(plan: Plan, done: Any, tree: Any) -> Any:
     """``tree`` (the step's aux or logs) with the rows of the systems ``done`` before the step
     marked invalid (see ``finished_systems``): their step's results were thrown away."""
-    n = plan.n_systems
-
     def mark(x):
-        if getattr(x, "ndim", 0) >= 1 and x.shape[0] == n and not jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended):
-            return jnp.where(done.reshape((n,) + (1,) * (x.ndim - 1)), _invalid(x), x)
+        mask = _done_along(plan, done, x)
+        if mask is not None and not jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended):
+            return jnp.where(mask, _invalid(x), x)
         return x
     return jax.tree_util.tree_map(mark, tree)
 

@@ -20,6 +20,7 @@ from .lanes import log_lanes
 from .memo import Cache
 from .predicates import ValueSource, Values, step_values
 from .program import Plan
+from .ragged import Segments
 from .resolve import n_systems_of, resolve, short_error
 
 __all__ = ["auto_chunk", "capacity_of", "laid_out", "resolve_run", "signature_of", "as_arrays", "Resolved",
@@ -111,7 +112,8 @@ def resolve_run(cfg: RunConfig, state) -> Resolved:
         return hit if hit.consts is canon.consts else hit._replace(consts=canon.consts)
     plan = Plan(step=canon.step, lanes=canon.lanes, dense=(), compact=(), initial=(), host_masks=(),
                 has_aux=cfg.has_aux, keyed=cfg.keyed, n_systems=n_systems_of(state, cfg.batched), until=canon.until,
-                length=0, collect=True, log_capacity=cfg.log_capacity, until_values=cfg.until_values)
+                length=0, collect=True, log_capacity=cfg.log_capacity, until_values=cfg.until_values,
+                segments=cfg.batched if isinstance(cfg.batched, Segments) else None)
 
     def traced_step(st):  # through the collector: the step's output and what it logs
         return program.apply_logged(plan, cfg.key, jnp.int32(0), st)

@@ -23,6 +23,7 @@ from ..record.records import AUX, LOG, WHEN, leaf_paths
 from ..record.schedule import Every, Schedule, as_schedule
 from ..logs import Shapes, collect, has_logs, shapes_and_logs
 from ..logs.call import check_log_name
+from .ragged import Segments
 
 AUX_SCHEDULE = Every(1, start=1)  # aux comes out of the application k -> k+1: recorded at k+1
 LOG_SCHEDULE = AUX_SCHEDULE  # so do the step's logs
@@ -202,13 +203,14 @@ class LaneLeaves(NamedTuple):
 
 def lane_leaves(name: str, record: str, schedule: Schedule, read: Callable[..., dict], args: tuple,
                 n_systems: int | None, what: str, *, find_logs: bool = False,
-                shared: Callable[[], frozenset] | None = None) -> LaneLeaves:
+                shared: Callable[[], frozenset] | None = None, rows: int | None = None) -> LaneLeaves:
     """The schema leaves of one lane: ``read(*args)`` gives its ``{path: value}`` (typed keys
     kept), traced abstractly with ``args`` as tracers, as in the run; a bad leaf is named.
     ``find_logs``: the same trace also says whether ``read`` calls ``jl.log`` (then no leaves).
     ``shared``: in a batched run, the paths of the leaves computed from no per-system state leaf
     (asked once, where a leaf is a scalar): such a scalar is shared by all systems and recorded
-    broadcast to each (the caller reads it through :class:`BroadcastView`)."""
+    broadcast to each (the caller reads it through :class:`BroadcastView`). ``rows``: a ragged
+    batch's row count (``segments=``): a leaf may lead with its rows instead of its graphs."""
     impls: dict[str, str] = {}
 
     def traced(*args):
@@ -244,10 +246,12 @@ def lane_leaves(name: str, record: str, schedule: Schedule, read: Callable[..., 
             shared_paths = shared() if shared_paths is None else shared_paths
         if n_systems is not None and not leaf.shape and path in (shared_paths or ()):
             shape, broadcast = (n_systems, *shape), True
-        elif n_systems is not None and (not leaf.shape or leaf.shape[0] != n_systems):
+        elif n_systems is not None and (not leaf.shape or leaf.shape[0] not in (n_systems, rows)):
             raise JaxlogError(
                 f"record {path!r}: batched runs record one row per system, so it needs a leading system axis of "
-                f"size {n_systems}, got shape {tuple(leaf.shape)}"
+                f"size {n_systems}"
+                + ("" if rows is None else f" (or, in this ragged batch, the {rows} rows of the graphs)")
+                + f", got shape {tuple(leaf.shape)}"
                 + (" (a scalar is recorded for every system only when it is computed from shared state leaves, "
                    "like a temperature; this one is computed from per-system leaves, e.g. a sum over the systems)"
                    if shared_paths is not None and not leaf.shape else "")
@@ -259,12 +263,14 @@ def lane_leaves(name: str, record: str, schedule: Schedule, read: Callable[..., 
     return LaneLeaves(tuple(specs), broadcast=broadcast)
 
 
-def n_systems_of(state: Any, batched: bool | int) -> int | None:
+def n_systems_of(state: Any, batched: bool | int | Segments) -> int | None:
     """The number of systems of a batched state: ``batched=<int>`` says it; ``batched=True`` takes
     the leading axis size most non-scalar leaves share (scalars and other leaves are shared by
-    all systems: a step counter, a box, a temperature)."""
+    all systems: a step counter, a box, a temperature). A ragged batch (``segments=``): its graphs."""
     if batched is False or batched is None:
         return None
+    if isinstance(batched, Segments):
+        return _graphs_of(state, batched)
     pairs = [(jax.tree_util.keystr(kp) or "(the state)", tuple(getattr(leaf, "shape", ())))
              for kp, leaf in jax.tree_util.tree_flatten_with_path(state)[0]]
     by_size: dict[int, list[str]] = {}
@@ -287,23 +293,44 @@ def n_systems_of(state: Any, batched: bool | int) -> int | None:
     return int(winners[0])
 
 
-def check_system_axes(state: Any, n_systems: int) -> None:
+def _graphs_of(state: Any, segments: Segments) -> int:
+    """A ragged batch's graph count, once some state leaf is laid out by it (its rows or its
+    graphs): ids that describe no leaf are another state's."""
+    sizes = {tuple(getattr(leaf, "shape", ()))[:1] for leaf in jax.tree_util.tree_leaves(state)}
+    if (segments.n_rows,) not in sizes and (segments.n_graphs,) not in sizes:
+        raise JaxlogError(f"segments= gives {segments.n_rows} rows in {segments.n_graphs} graphs, but no state leaf "
+                          f"leads with {segments.n_rows} (rows) or {segments.n_graphs} (graphs) (leading sizes: "
+                          f"{sorted(s[0] for s in sizes if s)})")
+    return segments.n_graphs
+
+
+def check_system_axes(state: Any, n_systems: int, segments: Segments | None = None) -> None:
     """Refuse per-system ``until=`` where a state leaf's system axis cannot be known: a finished
     system is frozen by keeping its index along the leading axis of every leaf, so each
     non-scalar leaf must have that axis (scalars are shared by all systems and go on). A leaf
     with another leading size is a ragged batch (graphs of different sizes concatenated) or an
     array shared by all systems: freezing could neither pick a system's part of it nor leave it
-    running without the finished system moving on."""
+    running without the finished system moving on. A ragged batch given as one (``segments=``)
+    freezes a graph's rows too: a leaf may lead with its rows."""
     for kp, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
         shape = tuple(getattr(leaf, "shape", ()))
-        if shape and shape[0] != n_systems:
+        if shape and segments is not None and segments.leading(shape[0]) is None:
+            where = jax.tree_util.keystr(kp) or "(the state)"
+            raise JaxlogError(
+                f"until= per graph (segments=, {segments.n_graphs} graphs of {segments.n_rows} rows): state leaf "
+                f"{where} has leading axis {shape[0]}, neither the rows ({segments.n_rows}) nor the graphs "
+                f"({segments.n_graphs}), so a finished graph cannot be frozen in it (an array shared by all graphs, "
+                f"or edges: lay such a leaf out by rows or graphs, or keep it out of the state, in the step's "
+                f"closure or recomputed each step)")
+        if shape and segments is None and shape[0] != n_systems:
             where = jax.tree_util.keystr(kp) or "(the state)"
             raise JaxlogError(
                 f"until= per system (batched, {n_systems} systems): state leaf {where} has leading axis {shape[0]}, "
                 f"not the system axis, so a finished system cannot be frozen in it (a ragged batch of systems "
                 f"of different sizes, or an array shared by all systems, whose rows are not one per system); "
                 f"per-system until= needs every non-scalar state leaf to lead with the {n_systems} systems "
-                f"(pad ragged systems to one size), or run it with batched=False and an until= that returns one bool")
+                f"(give a ragged batch's graph of each row as segments=ids, or pad ragged systems to one "
+                f"size), or run it with batched=False and an until= that returns one bool")
 
 
 def _sizes(by_size: dict[int, list[str]]) -> str:
@@ -320,7 +347,8 @@ class Resolution:
 
 
 def resolve(lanes: Sequence[Any], state: Any, *, aux: Callable[[Any], Any] | None = None,
-            logs: Callable[[Any], Any] | None = None, batched: bool | int = False, dt: float | None = None,
+            logs: Callable[[Any], Any] | None = None, batched: bool | int | Segments = False,
+            dt: float | None = None,
             abstract: bool = True, log_capacity: int | None = None,
             values: Callable[[Any], Any] | None = None) -> Resolution:
     """The schema of ``lanes`` (``drive.program.Lane``: views, aux leaves of ``aux(state)``, the
@@ -331,6 +359,8 @@ def resolve(lanes: Sequence[Any], state: Any, *, aux: Callable[[Any], Any] | Non
     logs) and wrapped in :class:`LoggingView` with ``log_capacity``: its logs are recorded too.
     ``values``: ``state -> the step's values`` as a ``when=`` that takes them gets them."""
     n_sys = n_systems_of(state, batched)
+    segments = batched if isinstance(batched, Segments) else None
+    rows = None if segments is None else segments.n_rows
     if abstract:  # a run may store its state (checkpoints, post-mortem): under paths a file can hold
         leaf_paths("state", [kp for kp, _ in jax.tree_util.tree_flatten_with_path(state)[0]])
     args = (state,) if abstract else ()
@@ -344,7 +374,8 @@ def resolve(lanes: Sequence[Any], state: Any, *, aux: Callable[[Any], Any] | Non
             continue
         if lane.log_paths is not None:
             mine = lane_leaves(lane.name, LOG, lane.schedule,
-                               lambda st=state, ln=lane: ln.read(None, None, logs(st)), args, n_sys, "log").leaves
+                               lambda st=state, ln=lane: ln.read(None, None, logs(st)), args, n_sys, "log",
+                               rows=rows).leaves
         elif isinstance(lane.view, WhenFlags) and lane.when_values:  # per-system flags from the step's values
             mine = lane_leaves(lane.name, lane.name, lane.schedule,
                                lambda st=state, ln=lane: flatten_view(ln.name, ln.view(st, values(st))), args, n_sys,
@@ -353,18 +384,19 @@ def resolve(lanes: Sequence[Any], state: Any, *, aux: Callable[[Any], Any] | Non
             if aux is None:
                 raise JaxlogError("aux= selects aux leaves, but the step has no aux output (has_aux=True)")
             mine = lane_leaves(lane.name, AUX, lane.schedule,
-                               lambda st=state, ln=lane: _aux_read(ln, aux(st)), args, n_sys, "step aux output").leaves
+                               lambda st=state, ln=lane: _aux_read(ln, aux(st)), args, n_sys, "step aux output",
+                               rows=rows).leaves
         else:
             if not abstract and not isinstance(lane.view, LoggingView) and _view_logs(lane.view, state):
                 lane = dataclasses.replace(lane, view=LoggingView(lane.view, log_capacity))
             can_share = n_sys is not None and abstract and not isinstance(lane.view, BroadcastView)
             found = lane_leaves(lane.name, lane.name, lane.schedule, _view_read(lane, state), args, n_sys, "record",
                                 find_logs=abstract and not isinstance(lane.view, LoggingView),
-                                shared=_shared_leaves(lane, state, n_sys) if can_share else None)
+                                shared=_shared_leaves(lane, state, n_sys, rows) if can_share else None, rows=rows)
             if found.logs:
                 lane = dataclasses.replace(lane, view=LoggingView(lane.view, log_capacity))
                 found = lane_leaves(lane.name, lane.name, lane.schedule, _view_read(lane, state), args, n_sys, "record",
-                                    shared=_shared_leaves(lane, state, n_sys) if can_share else None)
+                                    shared=_shared_leaves(lane, state, n_sys, rows) if can_share else None, rows=rows)
             if found.broadcast:
                 lane = dataclasses.replace(lane, view=BroadcastView(lane.view, n_sys))
             mine = found.leaves
@@ -376,11 +408,11 @@ def resolve(lanes: Sequence[Any], state: Any, *, aux: Callable[[Any], Any] | Non
         raise JaxlogError(f"{dupes[0]!r} is logged by more than one of: the step, the record views "
                           f"(give the logs different names)")
     schema = Schema(tuple(leaf for mine in per_lane for leaf in mine), batched=n_sys is not None,
-                    dt=check_dt(dt))
+                    dt=check_dt(dt), segments=None if segments is None else segments.counts)
     return Resolution(lanes=tuple(out_lanes), schema=schema, per_lane=tuple(per_lane))
 
 
-def _shared_leaves(lane: Any, state: Any, n_systems: int) -> Callable[[], frozenset]:
+def _shared_leaves(lane: Any, state: Any, n_systems: int, rows: int | None = None) -> Callable[[], frozenset]:
     """``() -> the paths of the view's leaves that no per-system state leaf flows into``: a
     temperature read from a shared leaf is the same for every system, while a total summed over
     the systems is not one system's value and stays refused. Found from the view's jaxpr, each
@@ -390,7 +422,8 @@ def _shared_leaves(lane: Any, state: Any, n_systems: int) -> Callable[[], frozen
             closed, out = jax.make_jaxpr(lambda st: view_values(lane.name, lane.view, st), return_shape=True)(state)
         except Exception:  # not traceable as a whole: nothing is known to be shared, so nothing is broadcast
             return frozenset()
-        per_system = [bool(getattr(x, "ndim", 0)) and x.shape[0] == n_systems for x in jax.tree_util.tree_leaves(state)]
+        per_system = [bool(getattr(x, "ndim", 0)) and x.shape[0] in (n_systems, rows)
+                      for x in jax.tree_util.tree_leaves(state)]
         flows = {id(v) for v, sys in zip(closed.jaxpr.invars, per_system) if sys}
         for eqn in closed.jaxpr.eqns:
             if any(id(v) in flows for v in eqn.invars):

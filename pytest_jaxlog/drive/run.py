@@ -36,7 +36,7 @@ def run(step: Callable, state: Any, steps: int, *, record: Any = None, invariant
         aux: Any = None, batched: bool | int = False, until: Callable | None = None, on_violation: str = "raise",
         postmortem: int = 3, progress: Any = None, chunk_budget_bytes: int = DEFAULT_BUDGET, timeline: Any = None,
         donate: bool = True, start_step: int = 0, logs: Any = None, log_capacity: int | None = None,
-        checkpoint: Any = None, meta: dict | None = None) -> Run:
+        checkpoint: Any = None, meta: dict | None = None, segments: Any = None) -> Run:
     """Run up to ``steps`` applications of ``step`` on ``state`` on the device, recording as scheduled.
 
     ``step(state)``, or ``step(key_k, state)`` with ``key_k = fold_in(key, k)`` for the work of step
@@ -47,6 +47,13 @@ def run(step: Callable, state: Any, steps: int, *, record: Any = None, invariant
     "energy": jl.every(10)}``; a list or a name: every step). ``batched=True``: the leading axis
     of the state's leaves is a system index (leaves without it, such as scalars, are shared by
     all systems; ``batched=<n>`` says how many systems there are when leaves disagree).
+    ``segments=ids``: a ragged batch, graphs of different sizes packed along one axis; ``ids``
+    (int, shape [rows], sorted, every graph 0..G-1 present) gives each row's graph. Leaves leading
+    with the rows are per row, leaves leading with G per graph, others shared; the run is batched
+    with one system per graph (``until=``/``when=`` return bool[G], a finished graph's rows are
+    frozen, ``traj.system(g)`` holds graph g's rows, invariants name the graph and the row's index
+    within it). The step still gets the whole packed state (``jax.ops.segment_sum(..., ids,
+    num_segments=G)``). A different packing compiles its own program.
 
     ``until=pred``: ``pred(state)`` is checked on the device after every step (and on the initial
     state); the run stops at the first step where it holds, recording nothing past it; ``steps``
@@ -95,7 +102,7 @@ def run(step: Callable, state: Any, steps: int, *, record: Any = None, invariant
                     chunk=chunk, profile=profile, has_aux=has_aux, aux=aux, batched=batched, until=until,
                     on_violation=on_violation, postmortem=postmortem, progress=progress,
                     chunk_budget_bytes=chunk_budget_bytes, timeline=timeline, donate=donate, start_step=start_step,
-                    logs=logs, log_capacity=log_capacity, checkpoint=checkpoint, meta=meta)
+                    logs=logs, log_capacity=log_capacity, checkpoint=checkpoint, meta=meta, segments=segments)
     return _execute(RunLoop(cfg, *_clock()), state)
 
 

@@ -78,6 +78,9 @@ class Schema:
     leaves: tuple[LeafSpec, ...]
     batched: bool = False
     dt: float | None = None
+    # a ragged batch (jl.run(segments=ids)): rows per graph, graphs in order (the ids, sorted, are
+    # graph g repeated segments[g] times), so the file alone splits a row record by graph
+    segments: tuple[int, ...] | None = None
     # lookups by path, made once (see __post_init__)
     _by_path: dict = field(init=False, repr=False, compare=False)
     _paths: tuple = field(init=False, repr=False, compare=False)
@@ -85,6 +88,10 @@ class Schema:
 
     def __post_init__(self):
         check_dt(self.dt)
+        if self.segments is not None:
+            if not self.batched or not self.segments or not all(type(n) is int and 0 < n < MAX_SIZE for n in self.segments):
+                raise JaxlogError(f"segments {self.segments!r:.200} are not rows per graph of a batched run (a "
+                                  f"non-empty list of positive sizes)")
         seen: dict[str, LeafSpec] = {}
         for leaf in self.leaves:
             if leaf.path in seen:
@@ -116,16 +123,38 @@ class Schema:
 
     @property
     def n_systems(self) -> int | None:
+        if self.segments is not None:
+            return len(self.segments)
         if not self.batched or not self.leaves:
             return None
         return self.leaves[0].shape[0] if self.leaves[0].shape else None
 
+    def by_rows(self, leaf: LeafSpec) -> bool:
+        """Whether ``leaf`` leads with a ragged batch's rows (one per atom) rather than its graphs.
+        Where every graph has one row the two axes are one, and the leaf counts as per graph."""
+        if self.segments is None or not leaf.shape:
+            return False
+        rows = sum(self.segments)
+        return rows != len(self.segments) and leaf.shape[0] == rows
+
+    def row_place(self, row: int) -> tuple[int, int]:
+        """``(graph, index within the graph)`` of row ``row`` of a ragged batch."""
+        assert self.segments is not None
+        ends = np.cumsum(self.segments)
+        graph = int(np.searchsorted(ends, row, side="right"))
+        return graph, int(row - (ends[graph] - self.segments[graph]))
+
     def to_json(self) -> dict:
-        return {"leaves": [leaf.to_json() for leaf in self.leaves], "batched": self.batched, "dt": self.dt}
+        out = {"leaves": [leaf.to_json() for leaf in self.leaves], "batched": self.batched, "dt": self.dt}
+        if self.segments is not None:
+            out["segments"] = list(self.segments)
+        return out
 
     @classmethod
     def from_json(cls, data: dict) -> "Schema":
-        return cls(tuple(LeafSpec.from_json(x) for x in data["leaves"]), data.get("batched", False), data.get("dt"))
+        segments = data.get("segments")
+        return cls(tuple(LeafSpec.from_json(x) for x in data["leaves"]), data.get("batched", False), data.get("dt"),
+                   None if segments is None else tuple(segments))
 
 
 @dataclass(frozen=True)

@@ -302,7 +302,8 @@ class Trajectory:
         done = self.systems_done
         if done is None:
             shape = self.schema[self.schema.resolve(name)[0]].shape
-            return np.ones((len(steps), shape[0] if self.schema.batched else 1), bool)
+            n = self.schema.n_systems if self.schema.segments is not None else shape[0] if self.schema.batched else 1
+            return np.ones((len(steps), n), bool)
         return np.asarray(steps)[:, None] <= done[None, :]
 
     @property
@@ -435,7 +436,9 @@ class Trajectory:
         """System ``i``'s own trajectory in a batched run: every record's frames and steps where
         the row holds system ``i``'s data (``traj.system(i)["x"]``, ``.steps("x")``), without the
         system axis. Rows kept by a per-system ``when=`` for other systems only, and rows after
-        system ``i`` stopped (``until=``), are not in it; a shared leaf is the same for every system."""
+        system ``i`` stopped (``until=``), are not in it; a shared leaf is the same for every system.
+        A ragged batch's (``segments=``): graph ``i``, a record of rows holding that graph's rows
+        (``[frames, rows of graph i, ...]``), as the file's ``segments`` sizes say."""
         return SystemTrajectory(self, i)
 
     def steps(self, name: str, index: Any = None) -> np.ndarray:
@@ -960,6 +963,12 @@ def _load_from(f: h5py.File, path: Path, part_of: Path | None) -> Trajectory:
 # read back as that chain's own sequence. Reads stay lazy: only the rows of system ``i`` are read.
 
 
+def _picked_shape(shape: tuple[int, ...], take: Any) -> tuple[int, ...]:
+    """A leaf's per-frame shape once one system is taken along its leading axis (``take``: an
+    index, or a slice of a ragged batch's rows)."""
+    return tuple(shape[1:]) if not isinstance(take, slice) else (take.stop - take.start, *shape[1:])
+
+
 class SystemTrajectory(Trajectory):
     """System ``system`` of ``parent``: its leaves without the system axis, its rows only. The
     stored states (checkpoints, post-mortem) are the whole batch's: read them from the parent."""
@@ -971,11 +980,23 @@ class SystemTrajectory(Trajectory):
                               f"(traj.system(i) reads one system of a run with batched=True)")
         if not is_integer(system) or not -n <= system < n:
             raise JaxlogError(f"traj.system({system!r}): the run has {n} systems (0..{n - 1})")
-        leaves = tuple(dataclasses.replace(leaf, shape=tuple(leaf.shape[1:])) for leaf in parent.schema.leaves)
+        self.parent, self.system_index = parent, int(system) % n
+        self._take: dict[str, Any] = {leaf.path: self._axis_pick(leaf) for leaf in parent.schema.leaves}
+        leaves = tuple(dataclasses.replace(leaf, shape=_picked_shape(leaf.shape, self._take[leaf.path]))
+                       for leaf in parent.schema.leaves)
         super().__init__(Schema(leaves, batched=False, dt=parent.schema.dt), parent._info, path=parent.path,
                          attachments={})
-        self.parent, self.system_index = parent, int(system) % n
         self._rows_of: dict[str, np.ndarray] = {}
+
+    def _axis_pick(self, leaf: Any) -> Any:
+        """What this system is along ``leaf``'s leading axis: its index, or in a ragged batch's
+        record of rows the slice of its graph's rows (graphs are stored in order, their sizes in
+        the schema's ``segments``)."""
+        schema = self.parent.schema
+        if schema.segments is None or not schema.by_rows(leaf):
+            return self.system_index
+        start = sum(schema.segments[:self.system_index])
+        return slice(start, start + schema.segments[self.system_index])
 
     @property
     def steps_done(self) -> int:
@@ -1005,7 +1026,7 @@ class SystemTrajectory(Trajectory):
         sel = rows if first is None else rows[first]
         if what == "value":
             out = self.parent._values(path, sel)
-            out = out[(slice(None),) * np.ndim(sel) + (self.system_index,)]
+            out = out[(slice(None),) * np.ndim(sel) + (self._take[path],)]
         elif what == "step":
             out = self.parent._steps(path, sel)
         else:
