@@ -747,9 +747,11 @@ def _kept(traj: Any, records: Any, steps: Any) -> Any:
         keep = _step_mask(s, steps)
         frames.add(name, s[keep], np.asarray(traj[name])[keep])
     schema = Schema(tuple(leaf for leaf in traj.schema.leaves if leaf.path in paths), traj.schema.batched,
-                    traj.schema.dt)
+                    traj.schema.dt, segments=traj.schema.segments)
+    # the summary says where each system of a batched run stopped: without it, traj.system(i)
+    # would read a finished system's frozen rows as its own
     info = {"status": traj.status, "steps_done": traj.steps_done, "violation": traj.violation,
-            "meta": traj.description, "provenance": traj.provenance}
+            "meta": traj.description, "provenance": traj.provenance, "summary": traj._info.get("summary")}
     return Trajectory(schema, info, frames=frames, attachments={})
 
 

@@ -108,7 +108,7 @@ class PartsWriter(Sink):
             expected = {r["leaf"]: n for p, n in expected.items() for r in records.get(p, ())}
         self.part = HDF5Writer(self.path.with_name(names[self.me]), expected_frames=expected,
                                **_writer_options(self.writer))
-        self.part.open(Schema(tuple(leaves), batched=schema.batched, dt=schema.dt), part_meta)
+        self.part.open(Schema(tuple(leaves), batched=schema.batched, dt=schema.dt, segments=schema.segments), part_meta)
         if self.me == 0:
             self._index = {"run_id": run_id, "files": names, "records": records}
             self._info = {"provenance": meta.get("provenance"), "meta": meta, "status": "running", "steps_done": 0,
