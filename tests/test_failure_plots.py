@@ -116,6 +116,8 @@ def test_a_golden_mismatch_leaves_a_plot_in_the_message_manifest_junit_and_summa
     plot = pytester.path / DIR / "golden-diff.png"
     assert plot.read_bytes()[:8] == PNG and plot.stat().st_size > 10_000
     result.stdout.fnmatch_lines(["E * plot: .jaxlog/test_g.test_decay/golden-diff.png"])
+    message = [line for line in result.stdout.lines if line.startswith("E ")]
+    assert "--jaxlog-regen" in message[-1] and "plot:" in message[-2], message[-3:]  # the message ends with its fix
     manifest = json.loads((pytester.path / ".jaxlog" / "manifest.json").read_text())
     (test,) = manifest["tests"]
     assert test["artifacts"]["plot"] == "test_g.test_decay/golden-diff.png"

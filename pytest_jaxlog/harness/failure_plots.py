@@ -32,7 +32,16 @@ def _note_plot(session: JaxlogSession, state: TestState, label: str, path: Path 
         state.kinds[key] = "plot"
         line = f"  plot: {session.display(path)}"
     if line and exc.args and isinstance(exc.args[0], str):
-        exc.args = (exc.args[0] + "\n" + line, *exc.args[1:])
+        exc.args = (_before_the_fix(exc.args[0], line), *exc.args[1:])
+
+
+def _before_the_fix(message: str, line: str) -> str:
+    """``line`` added to ``message``, above its last line when that names the flag that fixes the
+    failure: a failure's message ends with its fix."""
+    head, sep, last = message.rpartition("\n")
+    if sep and "--jaxlog-" in last:
+        return f"{head}\n{line}\n{last}"
+    return f"{message}\n{line}"
 
 
 def _no_matplotlib() -> bool:
