@@ -163,3 +163,31 @@ def test_stale_entries_give_way_to_the_shard_that_ran_the_test(pytester):
     entries = [(t["nodeid"], t["shard"], bool(t.get("stale")), t["outcome"]) for t in merged["tests"]]
     assert entries == [("test_a.py::test_a", 1, False, "passed"), ("test_b.py::test_b", 2, False, "failed"),
                        ("test_c.py::test_c_jaxlog", 1, True, "passed")]
+
+
+GOLDEN_TEST = """
+import jax.numpy as jnp
+
+def test_decay(jaxlog):
+    run = jaxlog.run(lambda s: s * {rate}, jnp.ones(3), 10, record={{"e": lambda s: jnp.sum(s)}})
+    jaxlog.check_golden(run, rtol=1e-6)
+"""
+
+
+def test_a_pending_golden_keeps_its_file_through_a_merge(pytester, tmp_path):
+    """Under review a mismatch leaves the obtained golden pending beside the golden; a merged
+    manifest names that file from where the merged manifest is, as the shard's did from its own."""
+    pytester.makepyfile(test_g=GOLDEN_TEST.format(rate=0.99))
+    pytester.runpytest("-p", "no:cacheprovider", "--jaxlog-regen").assert_outcomes(passed=1)
+    pytester.makepyfile(test_g=GOLDEN_TEST.format(rate=0.98))
+    pytester.runpytest("-p", "no:cacheprovider", "--jaxlog-golden-review").assert_outcomes(failed=1)
+    shard = pytester.path / ".jaxlog"
+    (note,) = json.loads((shard / "manifest.json").read_text())["tests"][0]["goldens"]
+    assert note["status"] == "pending"
+    pending = (shard / note["pending"]).resolve()
+    assert pending.is_file()
+    out = tmp_path / "merged" / "deeper"
+    assert main(["merge", str(shard), "-o", str(out)]) == 0
+    (merged,) = json.loads((out / "manifest.json").read_text())["tests"][0]["goldens"]
+    assert (out / merged["pending"]).resolve() == pending and merged["id"] == note["id"]
+    assert (out / merged["path"]).resolve() == (shard / note["path"]).resolve()

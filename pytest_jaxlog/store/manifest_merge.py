@@ -74,9 +74,17 @@ def _rebased_entry(entry: dict, move: Callable[[Any], Any], shard: int) -> dict:
     e["artifacts"] = {k: move(v) for k, v in (e.get("artifacts") or {}).items()}
     e["violations"] = [dict(v, artifacts={k: move(p) for k, p in (v.get("artifacts") or {}).items()})
                        if isinstance(v, dict) else v for v in e.get("violations") or ()]
-    e["goldens"] = [dict(g, path=move(g.get("path"))) if isinstance(g, dict) else g for g in e.get("goldens") or ()]
+    e["goldens"] = [_rebased_golden(g, move) if isinstance(g, dict) else g for g in e.get("goldens") or ()]
     e["shard"] = shard
     return e
+
+
+def _rebased_golden(note: dict, move: Callable[[Any], Any]) -> dict:
+    """A golden's note: its path, and a pending golden's file (what ``jaxlog golden accept`` applies)."""
+    out = dict(note, path=move(note.get("path")))
+    if "pending" in out:
+        out["pending"] = move(out["pending"])
+    return out
 
 
 def _latest_per_test(tests: list[dict]) -> list[dict]:
