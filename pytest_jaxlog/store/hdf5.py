@@ -63,6 +63,7 @@ from .pathlock import PathLock, process_alive
 from .sink import STATUSES, Sink
 from .space import NoSpace, SpaceReserve, superblock_end
 from .swap import PendingSwap
+from .stall import GuardedDisk, default_stall_s, stuck_note
 
 QUEUE_BYTES = 128 << 20  # default byte budget of the hand-over queue
 STALL_TIMEOUT_S = 60.0  # default: a writer thread that finishes nothing for this long is stuck
@@ -308,7 +309,7 @@ class HDF5Writer(Sink):
         *,
         flush_every_s: float = 1.0,
         queue_bytes: int = QUEUE_BYTES,
-        stall_timeout_s: float = STALL_TIMEOUT_S,
+        stall_timeout_s: float | None = None,
         compression: str | None = None,
         compression_opts: Any = None,
         shuffle: bool | None = None,
@@ -324,6 +325,8 @@ class HDF5Writer(Sink):
             raise JaxlogError(f"HDF5Writer(queue_bytes={queue_bytes!r}): needs an integer number of bytes >= 1")
         if flush_every_s < 0:
             raise JaxlogError(f"HDF5Writer(flush_every_s={flush_every_s}): must be >= 0")
+        if stall_timeout_s is None:  # JAXLOG_STALL_S, else STALL_TIMEOUT_S
+            stall_timeout_s = default_stall_s(STALL_TIMEOUT_S)
         if not stall_timeout_s > 0:
             raise JaxlogError(f"HDF5Writer(stall_timeout_s={stall_timeout_s}): must be > 0")
         self.path = Path(path)
@@ -346,6 +349,7 @@ class HDF5Writer(Sink):
         self.stats = {"batches": 0, "frames": 0, "bytes": 0, "flushes": 0, "max_queue_bytes": 0,
                       "blocked_s": 0.0, "reserve_misses": 0}
         self._queue = ByteQueue(self.queue_bytes, self.stall_timeout_s)
+        self._disk = GuardedDisk(self.path, self.stall_timeout_s)  # a hung disk never holds h5py's lock (store.stall)
         self._ledger = CommitLedger(self.flush_every_s)  # hand-overs against commits: the lag bound
         self._thread: threading.Thread | None = None
         self._file: h5py.File | None = None
@@ -615,7 +619,7 @@ class HDF5Writer(Sink):
             f"{what} {self.path}: the writer thread has written nothing for {waited} (a hung disk or "
             f"file system?); {pending} bytes handed over (up to step {self._max_step}) are not on disk and the "
             f"file keeps status 'running' with the frames flushed before. The thread finishes the file if it "
-            f"recovers; HDF5Writer(stall_timeout_s=...) sets how long to wait"
+            f"recovers; HDF5Writer(stall_timeout_s=...) sets how long to wait{stuck_note(self.path)}"
         )
 
     def _set_error(self, err: BaseException) -> None:
@@ -661,7 +665,7 @@ class HDF5Writer(Sink):
                                | getattr(os, "O_CLOEXEC", 0), 0o666)
             self._space = SpaceReserve(self._fd, str(self.path))
             if template is None:
-                self._cf = CommittedFile(self._fd, self.path, in_place=False, durable=self.durable)
+                self._cf = CommittedFile(self._fd, self.path, in_place=False, durable=self.durable, disk=self._disk)
                 f = opened(h5py.File(self._cf, "w", libver=LIBVER), self._cf)
                 layout = len(self._texts["schema"]) * 2 + _LAYOUT_BYTES * (len(schema.leaves) + 4)
                 self._space.ensure(f.id.get_filesize() + layout + own + _SLACK, "the file's layout")
@@ -671,7 +675,7 @@ class HDF5Writer(Sink):
             else:
                 self._space.ensure(len(template.data) + own + _SLACK, "the file's layout")
                 _write_all(self._fd, template.data)
-                self._cf = CommittedFile(self._fd, self.path, in_place=False, durable=self.durable)
+                self._cf = CommittedFile(self._fd, self.path, in_place=False, durable=self.durable, disk=self._disk)
                 f = opened(h5py.File(self._cf, "r+", libver=LIBVER), self._cf)
                 self._build(f, schema, frames, template)
             jl = self._jl
@@ -1029,7 +1033,7 @@ class HDF5Writer(Sink):
             self._cf.close()
         roll_back(self._fd)  # a commit that failed midway: the file as of the one before, to open
         self._cf = CommittedFile(self._fd, self.path, in_place=self._swap is None or self._swap.done,
-                                 durable=self.durable)
+                                 durable=self.durable, disk=self._disk)
         return opened(h5py.File(self._cf, "r+"), self._cf)
 
     def _finalize(self, status: str, steps_done: int, violation: dict | None, summary: dict | None = None) -> None:
@@ -1088,6 +1092,7 @@ class HDF5Writer(Sink):
         fd, self._fd = self._fd, None
         if self._cf is not None:
             self._cf.close()
+        self._disk.close()
         if fd is not None:
             os.close(fd)
         try:
