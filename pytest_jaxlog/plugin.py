@@ -19,7 +19,7 @@ from .harness.junit import JunitAttachments
 from .harness.options import add_options, marker_settings
 from .harness import run_errors
 from .harness.report_plugin import ReportPlugin, add_report_option
-from .harness.processes import DistributedChild, ProcessesPlugin, start_distributed
+from .harness.processes import DistributedChild, ProcessesPlugin, join_launched, start_distributed
 from .harness.session import REPORTS_KEY, SESSION_KEY, JaxlogSession, uses_jaxlog
 
 
@@ -50,6 +50,8 @@ def pytest_configure(config: pytest.Config) -> None:
         if child.get("processes"):  # one of several processes: jax.distributed before the test module's import
             start_distributed(child)
             config.pluginmanager.register(DistributedChild(session, child), "jaxlog-distributed-child")
+    elif join_launched():  # srun, a JobSet, ...: one of several sessions, jax.distributed started
+        config.pluginmanager.register(DistributedChild(session, {}), "jaxlog-distributed-child")
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -209,3 +209,38 @@ def test_a_one_device_mesh_of_explicit_axes_runs_too():
     np.testing.assert_array_equal(run.trajectory["x"][1:], np.asarray(ref[1]))
     np.testing.assert_array_equal(np.asarray(run.state[0]), np.asarray(ref[0][0]))
     assert run.state[0].sharding.mesh.axis_types == mesh.axis_types
+
+
+@pytest.mark.parametrize("kind", ["explicit", "auto"])
+def test_a_violation_on_a_mesh_names_the_global_element_and_keeps_the_states_before_it(kind, tmp_path):
+    """A NaN put at particle 45 (device 2's block) at step 37: the violation names the global
+    element, the post-mortem states are the plain scan's states at steps 35-37 bit for bit, and
+    the run's cost is read from the compiled program as on one device."""
+    out = _run_program(textwrap.dedent(KERNEL) + textwrap.dedent(f"""
+        mesh, state = make({kind!r})
+        path = {str(tmp_path / "t.h5")!r}
+
+        def poisoned(s):
+            x, v, k = s
+            x, v = step((x, v))
+            return jnp.where((jnp.arange(64) == 45) & (k + 1 == 37), jnp.nan, x), v, k + 1
+
+        s0 = state + (jnp.int32(0),)
+        run = jl.run(poisoned, s0, 60, chunk=16, record={{"x": lambda s: s[0]}}, invariants=[jl.finite("x")],
+                     on_violation="record", postmortem=3, sinks=[jl.HDF5Writer(path)], progress=False)
+        e = run.violation
+        states = jax.jit(lambda s: lax.scan(lambda c, _: (poisoned(c), poisoned(c)), s, None, length=37))(s0)[1]
+        traj = jl.load(path)
+        kept = {{k: bool(np.array_equal(np.asarray(traj.state(k, like=s0)[0]), np.asarray(states[0][k - 1]), equal_nan=True))
+                 for k in traj.postmortem}}
+        print(json.dumps({{
+            "step": e.step, "index": list(e.index), "system": e.system, "msg": str(e),
+            "postmortem": sorted(traj.postmortem), "kept": kept, "status": traj.status,
+            "flops": run.cost.flops, "one_device": jl.cost(poisoned, jax.device_get(s0)).flops,
+        }}))
+    """))
+    assert out["step"] == 37 and out["index"] == [45] and out["system"] is None, out
+    assert "45" in out["msg"] and "37" in out["msg"]
+    assert out["postmortem"] == [35, 36, 37] and all(out["kept"].values()), out
+    assert out["status"] == "violated"
+    assert out["flops"] > 0 and out["one_device"] > 0, out

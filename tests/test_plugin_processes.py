@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from pathlib import Path
 
 import jax  # noqa: F401  (here, not in a test: pytester drops modules a test imported, and jaxlib cannot load twice)
 import numpy as np
@@ -175,6 +176,12 @@ def test_a_failing_process_fails_the_test_and_stops_the_others_and_a_hung_one_ti
     assert "process one disagrees" in labelled and "assert 1 + 1 == 3" in labelled
     assert "process 0 waits for process 1" in failing  # process 0's output, though it never reported
     assert "process 0 of 2: call =" not in failing  # no traceback of its own: it was stopped
+    # the failing process's error once, one line for the stopped one, no pytest noise from either
+    assert failing.count("AssertionError: process one disagrees") == 1, failing
+    assert len(re.findall(r"^  process 0 of 2: stopped by SIG(TERM|KILL)$", failing, re.M)) == 1, failing
+    assert len(re.findall(r"^  process 1 of 2: failed in call$", failing, re.M)) == 1, failing  # exited on its own
+    assert "INTERNALERROR" not in out and "Traceback" not in failing, failing
+    assert "PytestUnraisableExceptionWarning" not in out
 
     hung = out[out.index("_ test_one_hangs _"):]
     assert "[jaxlog] timeout: the 2 processes of this test ran past timeout=40 s and were stopped" in hung
@@ -194,6 +201,66 @@ def test_a_failing_process_fails_the_test_and_stops_the_others_and_a_hung_one_ti
     assert sorted(p.name for p in kept.iterdir()) == ["note.p0", "note.p1"]  # neither process removed it
     assert hangs["outcome"] == "failed" and hangs["processes"][1]["stopped"] in ("SIGTERM", "SIGKILL")
     assert any("timeout" in n for n in hangs["notes"])
+
+
+REPORTING = """
+import pytest
+
+@pytest.mark.jaxlog(processes=2)
+def test_one_fails_while_the_other_reports(jaxlog):
+    import jax
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices("both started")
+    if jax.process_index() == 1:
+        raise ValueError("process one gives up")
+"""
+
+REPORTING_CONFTEST = """
+import time
+
+def pytest_runtest_logreport(report):
+    # process 0 passed; it is inside pytest's report hooks when the parent stops it
+    import jax
+    from pytest_jaxlog.drive.signals import NOTED
+    if report.when == "teardown" and jax.process_count() == 2 and jax.process_index() == 0:  # (not the parent)
+        print("process 0 reports its teardown", flush=True)
+        while not NOTED.signum:
+            time.sleep(0.05)
+        print(f"process 0 went on with its reports after signal {NOTED.signum}", flush=True)
+"""
+
+
+def test_a_process_stopped_inside_its_report_hooks_ends_without_a_traceback(pytester):
+    """SIGTERM reaches the passing process while pytest runs its report hooks: noted there, not
+    raised (an exception inside a hook is an INTERNALERROR), so it finishes its reports and
+    exits; the test's output has the failing process's error once and one line for the other."""
+    import shutil
+
+    pytester.makepyfile(test_reporting=REPORTING)
+    pytester.makeconftest(REPORTING_CONFTEST)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert out.count("ValueError: process one gives up") == 1, out
+    assert "[jaxlog] process 1 of 2 failed; the others were stopped" in out
+    # (the session's summary repeats the test's notes, each after the test's id)
+    assert len(re.findall(r"^  process 0 of 2: stopped by SIGTERM$", out, re.M)) == 1, out
+    assert len(re.findall(r"^  process 1 of 2: failed in call$", out, re.M)) == 1, out
+    assert "INTERNALERROR" not in out and "Traceback" not in out, out
+    work = re.search(r"--basetemp=(\S+)/tmp\b", out)
+    assert work is not None, out
+    try:  # the processes' own outputs, kept beside the failed test's tmp_paths
+        stopped = (Path(work.group(1)) / "output.p0.txt").read_text()
+        failing = (Path(work.group(1)) / "output.p1.txt").read_text()
+    finally:
+        shutil.rmtree(work.group(1), ignore_errors=True)
+    assert "process 0 went on with its reports after signal 15" in stopped, stopped
+    for text in (stopped, failing):
+        assert "INTERNALERROR" not in text and "Traceback" not in text and "Terminated" not in text, text
+    tests = _manifest(pytester)
+    entry = tests["test_one_fails_while_the_other_reports"]
+    assert [p["stopped"] for p in entry["processes"]] == ["SIGTERM", None]
+    assert [p["outcome"] for p in entry["processes"]] == ["passed", "failed"]
 
 
 LAUNCHED = KERNEL + """

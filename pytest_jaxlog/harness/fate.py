@@ -86,7 +86,8 @@ def watch(members: list[Member], timeout_s: float) -> Ending:
         if not alive:
             break
         if first is not None and (members[first].finished() or time.monotonic() > grace_until):
-            stop(alive)
+            stop([m for m in alive if m.index != first])
+            _let_finish(members[first], grace_until + GRACE_S)
             break
         if time.monotonic() > deadline:
             stop(alive)
@@ -97,6 +98,16 @@ def watch(members: list[Member], timeout_s: float) -> Ending:
     for m in members:
         m.read()
     return Ending(first, False)
+
+
+def _let_finish(m: Member, until: float) -> None:
+    """The failing process past its teardown is still writing its reports and its manifest entry:
+    a signal now would land inside pytest's report hooks (a traceback in its output, an entry
+    lost), so it is left to exit on its own until ``until``, and stopped only after that."""
+    while m.proc.poll() is None and time.monotonic() < until:
+        time.sleep(POLL_S)
+    if m.proc.poll() is None:
+        stop([m])
 
 
 def _signal(m: Member, sig: int) -> None:

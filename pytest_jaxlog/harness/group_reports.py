@@ -57,11 +57,15 @@ def _fate_lines(group: Group, per: list[dict[str, Any]]) -> list[str]:
                      f"timeout={group.timeout_s:g} s and were stopped")
     elif group.ending.first_failed is not None:
         lines.append(f"[jaxlog] {group.label(group.ending.first_failed)} failed; the others were stopped")
+    # a process that reported its whole test may still die at its exit once another was stopped:
+    # process 0 hosts jax.distributed's coordination service, and its client in every other
+    # process aborts when it goes; that death says nothing about the test
+    stopped_any = any(m.stopped for m in group.members)
     for m, reports in zip(group.members, per):
         bad = [w for w in PHASES if w in reports and reports[w].failed]
         if m.stopped:
             how = f"stopped by {m.stopped}" + (" at the timeout" if group.ending.timed_out else "")
-        elif m.proc.returncode not in (0, 1) or "teardown" not in reports:
+        elif "teardown" not in reports or (m.proc.returncode not in (0, 1) and not stopped_any):
             how = f"exited with code {m.proc.returncode} before reporting the test (its output below)"
         else:
             how = None

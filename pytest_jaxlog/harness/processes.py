@@ -23,9 +23,10 @@ import socket
 import subprocess
 import sys
 import tempfile
-from dataclasses import replace
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
@@ -160,29 +161,162 @@ def start_distributed(spec: dict) -> None:
             "(jax.distributed starts before the test module is imported)") from None
 
 
+SLURM_VARIABLES = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID")
+JAX_VARIABLES = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How a launcher started this session as one of several processes: the variables it set
+    (``source``), the process count and this process's index, and the coordinator's address
+    (None: ``jax.distributed.initialize()`` derives it, as under Slurm)."""
+
+    source: str
+    count: int
+    index: int
+    coordinator: str | None
+
+
+def _launch_number(name: str) -> int:
+    text = os.environ[name].strip()
+    try:
+        return int(text)
+    except ValueError:
+        raise pytest.UsageError(f"[jaxlog] {name}={text!r}: expected a whole number (set by the launcher that "
+                                "started this session)") from None
+
+
+def launched_by() -> Launch | None:
+    """The launch this session's environment describes, when it is one process of several:
+    ``srun`` (the ``SLURM_*`` variables ``jax.distributed.initialize()`` reads, more than one
+    task), or ``JAX_COORDINATOR_ADDRESS`` with ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID``
+    (a JobSet, ``mpirun``, a script). None in the plugin's own children and xdist workers (they
+    inherit the variables, not the role) and with ``JAXLOG_DISTRIBUTED=off``."""
+    env = os.environ
+    if env.get("JAXLOG_DISTRIBUTED", "").strip().lower() in ("0", "off", "no", "false"):
+        return None
+    if child_spec() is not None or env.get("PYTEST_XDIST_WORKER"):
+        return None
+    if all(env.get(k) for k in JAX_VARIABLES):
+        launch = Launch("JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID", _launch_number("JAX_NUM_PROCESSES"),
+                        _launch_number("JAX_PROCESS_ID"), env["JAX_COORDINATOR_ADDRESS"].strip())
+    elif all(env.get(k) for k in SLURM_VARIABLES):
+        # a job step's own task count: a batch script of an allocation of N tasks (the batch step,
+        # one task) is not one of N processes, and would wait for the others forever
+        if env.get("SLURM_STEP_NUM_TASKS") and _launch_number("SLURM_STEP_NUM_TASKS") < 2:
+            return None
+        launch = Launch("SLURM_*", _launch_number("SLURM_NTASKS"), _launch_number("SLURM_PROCID"), None)
+    else:
+        return None
+    if launch.count < 2:
+        return None
+    if not 0 <= launch.index < launch.count:
+        raise pytest.UsageError(f"[jaxlog] launched by {launch.source}: process {launch.index} of {launch.count} "
+                                "does not exist (the index must be below the count)")
+    return launch
+
+
+def join_launched() -> Launch | bool:
+    """``jax.distributed`` for a session a launcher started: from the launch's variables, before
+    any test module is imported, unless a conftest started it already (then True). False when
+    this session is a single process."""
+    if "jax" in sys.modules:
+        import jax
+
+        if jax.distributed.is_initialized():
+            return True
+    launch = launched_by()
+    if launch is None:
+        return False
+    import jax
+
+    try:
+        if launch.coordinator is None:
+            jax.distributed.initialize()
+        else:
+            jax.distributed.initialize(coordinator_address=launch.coordinator, num_processes=launch.count,
+                                       process_id=launch.index)
+    except Exception as e:
+        raise pytest.UsageError(
+            f"[jaxlog] launched by {launch.source} as process {launch.index} of {launch.count}: could not start "
+            f"jax.distributed ({type(e).__name__}: {e}); a conftest must not run JAX computations at import, "
+            "and JAXLOG_DISTRIBUTED=off leaves starting it to the conftest") from None
+    return launch
+
+
 class DistributedChild:
-    """In process *i* of a multi-process test: the test's directory is shared, so no process
+    """In process *i* of a multi-process test (or of a session a launcher started: ``spec`` empty):
+    the test's directory is shared, so no process
     removes it (created by the parent, kept or removed there from the combined outcome), and
-    ``jax.distributed`` is shut down with the session (a barrier every process reaches)."""
+    ``jax.distributed`` is shut down with the session (a barrier every process reaches).
+
+    The parent stops the other processes with SIGTERM once one fails, at whatever point each has
+    reached. Inside the test's setup, call and teardown the signal is an interrupt, as Ctrl-C
+    (pytest reports it as one); anywhere else (pytest making or writing its reports, the
+    terminal summary, the manifest) an exception would be raised inside pytest's hooks, an
+    ``INTERNALERROR`` or a hook traceback in the process's output, so it is only noted there
+    (``drive.signals``: the session counts as recording) and acted on at the next phase, or by
+    the exit. A process that failed or was stopped exits at once after its session (its reports
+    and manifest written): the others are not at the shutdown barrier, and JAX's distributed
+    client would wait for them there at interpreter exit until its shutdown timeout."""
 
     def __init__(self, session: Any, spec: dict):
+        from ..drive.signals import NOTED
+
         self.session = session
         self.spec = spec
         self.failed = False  # then the shutdown barrier is skipped: the other processes are being stopped
+        self.exitstatus = 0
+        self.noted = NOTED
+        NOTED.recording += 1  # outside the test's phases a SIGTERM is noted, not raised
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+    @contextmanager
+    def _interruptible(self) -> Iterator[None]:
+        self.noted.recording -= 1
+        try:
+            self.noted.act()  # a SIGTERM noted between phases: the interrupt now, where pytest expects one
+            yield
+        finally:
+            self.noted.recording += 1
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> Iterator[None]:
         if item.nodeid == self.spec.get("nodeid"):
             share_directory(item, self.session)
+        with self._interruptible():
+            return (yield)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Iterator[None]:
+        with self._interruptible():
+            return (yield)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_teardown(self, item: pytest.Item, nextitem: Any) -> Iterator[None]:
+        with self._interruptible():
+            return (yield)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.failed = self.failed or report.failed
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         self.failed = self.failed or exitstatus != 0  # interrupted (SIGTERM), a usage error, ...
+        self.exitstatus = int(exitstatus)
 
-    def pytest_unconfigure(self, config: pytest.Config) -> None:
-        if not self.failed:  # a barrier every process reaches when all passed; after a failure none would
+    @pytest.hookimpl(wrapper=True)
+    def pytest_unconfigure(self, config: pytest.Config) -> Iterator[None]:
+        signalled = bool(self.noted.signum)  # before the session's handler is released (which drops the note)
+        yield
+        self.noted.recording -= 1
+        if not self.failed and not signalled:  # a barrier every process reaches when all passed
             import jax
 
             jax.distributed.shutdown()
+            return
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+            try:
+                if stream is not None:
+                    stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(self.exitstatus or 1)
