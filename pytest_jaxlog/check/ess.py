@@ -29,9 +29,10 @@ import numpy as np
 
 from ..errors import JaxlogError
 
-__all__ = ["EffectiveSampleSize", "EssRate", "ess"]
+__all__ = ["EffectiveSampleSize", "EssRate", "RateJudgement", "ess"]
 
 MIN_DRAWS = 8  # fewer draws per chain tell nothing about autocorrelation (a split half needs 4)
+BELOW, NOT_BELOW, CANNOT_TELL = "below", "not below", "cannot tell"  # what a rate gate may say
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,9 @@ class EffectiveSampleSize:
 
     def per(self, cost: float, unit: str = "s") -> "EssRate":
         """ESS per unit of ``cost`` (seconds, gradient evaluations, ...), with its standard error."""
-        if not (isinstance(cost, (int, float)) and math.isfinite(cost) and cost > 0):
+        if isinstance(cost, (np.generic, np.ndarray)) and np.ndim(cost) == 0 and cost.dtype.kind in "iuf":
+            cost = float(cost)  # a count summed with numpy (gradient evaluations) is a cost too
+        if isinstance(cost, bool) or not (isinstance(cost, (int, float)) and math.isfinite(cost) and cost > 0):
             raise JaxlogError(f"ess({self.record!r}).per: cost must be a positive finite number, got {cost!r}")
         return EssRate(record=self.record, unit=unit, value=self.pooled / cost, se=self.pooled_se / cost)
 
@@ -85,24 +88,70 @@ class EssRate:
     value: np.ndarray
     se: np.ndarray
 
+    def judge(self, golden: float, golden_se: float = 0.0, *, sigmas: float = 3.0,
+              than: float = 1.0) -> "RateJudgement":
+        """This (one-figure) rate against ``than`` x ``golden``: below it by more than ``sigmas``
+        combined standard errors, not below, or "cannot tell" where a figure is not finite or the
+        combined error is so large that even a rate of 0 would not count as below: a gate that
+        could catch nothing must not pass as one that found nothing."""
+        if np.ndim(self.value):
+            raise JaxlogError(f"[jaxlog] ess rate of {self.record!r}: one figure per element; "
+                              f"compare element by element")
+        for what, v in (("sigmas", sigmas), ("than", than)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
+                raise JaxlogError(f"[jaxlog] ess rate of {self.record!r}: {what} must be a finite number > 0, "
+                                  f"got {v!r}")
+        value, se, golden, golden_se = float(self.value), float(self.se), float(golden), float(golden_se)
+        if not all(math.isfinite(v) for v in (value, se, golden, golden_se)):
+            return RateJudgement(CANNOT_TELL, value, se, golden, golden_se, sigmas, than, math.nan, math.inf)
+        target = than * golden
+        floor = target - sigmas * math.hypot(se, than * golden_se)
+        # the drop (a fraction of the target) below which a rate would not have counted as below
+        detectable = 1.0 - floor / target if target > 0 else math.inf
+        verdict = BELOW if value < floor else (NOT_BELOW if floor > 0 else CANNOT_TELL)
+        return RateJudgement(verdict, value, se, golden, golden_se, sigmas, than, floor, detectable)
+
     def assert_not_below(self, golden: float, golden_se: float = 0.0, *, sigmas: float = 3.0,
                          than: float = 1.0) -> None:
         """Fail where this rate is below ``than`` x ``golden`` by more than ``sigmas`` combined
         standard errors (this one's and the golden's): a slower sampler, not the estimate's noise.
-        A rate whose standard error is not finite cannot be judged: that fails too, saying so."""
+        Where that cannot be told (a figure not finite, or errors so large that a rate of 0 would
+        pass) it fails too, saying "cannot tell"."""
         __tracebackhide__ = True
-        if np.ndim(self.value):
-            raise JaxlogError(f"[jaxlog] ess rate of {self.record!r}: one figure per element; "
-                              f"compare element by element")
-        value, se = float(self.value), float(self.se)
-        if not (math.isfinite(value) and math.isfinite(se) and math.isfinite(golden) and math.isfinite(golden_se)):
-            raise JaxlogError(f"[jaxlog] ess rate of {self.record!r}: cannot tell (rate {value!r} ± {se!r}, "
-                              f"golden {golden!r} ± {golden_se!r}: not finite)")
-        floor = than * golden - sigmas * math.hypot(se, than * golden_se)
-        if value < floor:
-            raise JaxlogError(f"[jaxlog] ess rate of {self.record!r}: {value:.4g} ± {se:.2g} per {self.unit}, "
-                              f"below the golden {golden:.4g} ± {golden_se:.2g} (x{than:g}) by more than "
-                              f"{sigmas:g} standard errors (floor {floor:.4g})")
+        found = self.judge(golden, golden_se, sigmas=sigmas, than=than)
+        if found.verdict != NOT_BELOW:
+            raise JaxlogError(f"[jaxlog] ess rate of {self.record!r}: {found.describe(self.unit)}")
+
+
+@dataclass(frozen=True)
+class RateJudgement:
+    """A rate judged against a golden (``EssRate.judge``): the ``verdict`` (below | not below |
+    cannot tell), the figures, the ``floor`` a rate had to reach and the smallest drop, as a
+    fraction of the golden, that the comparison could have caught (``detectable``; inf: none)."""
+
+    verdict: str
+    value: float
+    se: float
+    golden: float
+    golden_se: float
+    sigmas: float
+    than: float
+    floor: float
+    detectable: float
+
+    def describe(self, unit: str) -> str:
+        figures = (f"{self.value:.4g} ± {self.se:.2g} per {unit}, golden {self.golden:.4g} ± "
+                   f"{self.golden_se:.2g}" + (f" (x{self.than:g})" if self.than != 1 else ""))
+        if self.verdict == BELOW:
+            return (f"{self.value:.4g} ± {self.se:.2g} per {unit}, below the golden {self.golden:.4g} ± "
+                    f"{self.golden_se:.2g}" + (f" (x{self.than:g})" if self.than != 1 else "")
+                    + f" by more than {self.sigmas:g} standard errors (floor {self.floor:.4g})")
+        if self.verdict == NOT_BELOW:
+            return f"{figures}: not below (a drop of {self.detectable:.0%} or more would have been caught)"
+        if not math.isfinite(self.floor):
+            return f"cannot tell ({figures}: not finite)"
+        return (f"cannot tell ({figures}): {self.sigmas:g} combined standard errors reach below 0, so no drop "
+                f"could have been caught; measure with more or longer chains")
 
 
 def _at(i: tuple, arr: Any) -> str:

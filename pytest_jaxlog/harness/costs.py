@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..errors import CostRegression, JaxlogAssertionError, JaxlogError, JaxlogRuntimeWarning
-from .goldens import _NAME, CREATE_FLAG, REGEN_FLAG
+from .goldens import _NAME, CREATE_FLAG, REGEN_FLAG, rewrite
 from .session import GoldenNote, JaxlogSession, TestState
 
 SUFFIX = ".cost.json"
@@ -40,11 +40,11 @@ def check_cost(session: JaxlogSession, state: TestState, checked: set[Path], run
     state.costs.append({"name": name, "platform": key, "metrics": cost.metrics()})
     entries = costfile.read(path)
     shown = session.display(path)
-    if session.regen or (key not in entries and session.create_goldens):
-        status = "created" if key not in entries else "regenerated"
+    write = rewrite(session, key in entries)
+    if write is not None:
+        status = write.status
         costfile.write(path, cost, state.nodeid)
-        flag = REGEN_FLAG if session.regen else CREATE_FLAG
-        warnings.warn(JaxlogRuntimeWarning(f"[jaxlog] {status} cost golden {shown} entry {key!r} ({flag})"),
+        warnings.warn(JaxlogRuntimeWarning(f"[jaxlog] {status} cost golden {shown} entry {key!r} ({write.flag})"),
                       stacklevel=3)
     elif key not in entries:
         what = f"has no entry for {key!r} (it has {sorted(entries)})" if entries else "does not exist"

@@ -397,6 +397,21 @@ class JaxlogFixture:
         __tracebackhide__ = True
         return check_cost(self._session, self._state, self._goldens, run, rtol, metrics, name)
 
+    def check_ess(self, values: Any, record: str | None = None, *, per: Any = None, unit: str | None = None,
+                  name: str | None = None, sigmas: float = 3.0, chain_axis: int | None = None,
+                  inconclusive: str = "fail") -> str:
+        """Compare the effective sample size per unit of cost (``per`` gradient evaluations by default,
+        ``unit="s"`` for seconds) of ``values`` (a run or trajectory and its ``record``, draws with
+        ``chain_axis``, a ``jl.EffectiveSampleSize``, or a ``jl.EssRate`` without ``per``) with
+        ``<jaxlog_golden_dir>/<test id>[--name].ess.json``: fails where it is below the stored rate by more
+        than ``sigmas`` combined standard errors, and where the errors are too large to tell (unless
+        ``inconclusive="pass"``). ``--jaxlog-regen``/``--jaxlog-create-goldens`` as for ``check_golden``."""
+        from .ess_goldens import check_ess
+
+        __tracebackhide__ = True
+        return check_ess(self._session, self._state, self._goldens, values, record, per, unit, name, sigmas,
+                         chain_axis, inconclusive)
+
     def benchmark(self, step: Any, state: Any, steps: int, *, reference: Any = None, name: str | None = None,
                   **kwargs: Any) -> Any:
         """``jl.benchmark`` (warm timings, interleaved with ``reference``'s, with a confidence interval on the

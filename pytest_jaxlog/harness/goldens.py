@@ -15,7 +15,7 @@ import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import JaxlogAssertionError, JaxlogError, JaxlogRuntimeWarning
 from .options import GOLDEN_DIR_INI, OPTIONS, lookup
@@ -26,6 +26,25 @@ CREATE_FLAG = OPTIONS["create_goldens"].flag_name
 REGEN_FLAG = OPTIONS["regen"].flag_name
 REVIEW_FLAG = OPTIONS["golden_review"].flag_name
 _SCAN_LIMIT = 20000  # files looked at when searching for a golden under another name
+
+
+class Rewrite(NamedTuple):
+    """A stored figure to (re)write instead of compare: ``status`` created|regenerated, ``flag``
+    the option that asked for it (for the warning)."""
+
+    status: str
+    flag: str
+
+
+def rewrite(session: JaxlogSession, exists: bool) -> Rewrite | None:
+    """Whether a stored gate (cost, ESS rate) writes its figure rather than compares with it:
+    ``--jaxlog-regen`` always, ``--jaxlog-create-goldens`` where it is missing (``exists``: the
+    file, or this platform's entry in it); None: compare, or fail as missing."""
+    if session.regen:
+        return Rewrite("regenerated" if exists else "created", REGEN_FLAG)
+    if not exists and session.create_goldens:
+        return Rewrite("created", CREATE_FLAG)
+    return None
 
 
 def golden_path(session: JaxlogSession, nodeid: str, name: str | None) -> Path:
