@@ -3,6 +3,10 @@ the CPU, gloo collectives, 2 devices each): each process keeps its blocks of the
 part file; a checkpoint counts only where every part holds it; a SIGTERM to one process stops
 both at one step with a checkpoint there; a resume in two processes equals, bit for bit, the
 run nobody stopped. The programs print one JSON line per process that the tests assert on.
+The state lies on a mesh of explicit axes (``jax.make_mesh``'s default), which a resume must
+rebuild as such; automatic axes are covered by the one-process resumes (tests/test_explicit_mesh.py,
+tests/test_shardstate.py) and tests/test_sharding.py's two-process runs: these runs, about 45 s
+together, are run once, not once per kind of axes.
 """
 
 from __future__ import annotations
@@ -22,11 +26,11 @@ import pytest
 
 import pytest_jaxlog as jl
 from test_checkpoint import _StopAt
-from test_sharding import MULTI_PRELUDE, _env, _free_port, _result
+from test_sharding import _env, _free_port, _result, multi_prelude
 
 STEPS = 400  # long enough for a stop voted after SIGTERM (a vote about every 0.1 s) to come before the end
 
-CHILD = MULTI_PRELUDE + textwrap.dedent("""
+CHILD = multi_prelude("explicit") + textwrap.dedent("""
     import hashlib, signal, time
     from jax.experimental import multihost_utils
 
@@ -83,6 +87,7 @@ CHILD = MULTI_PRELUDE + textwrap.dedent("""
         if mode not in ("postmortem", "errors"):
             out["steps"] = run.steps_done
             out["state"] = digest(run.state)
+            out["axis_types"] = [str(t) for t in run.state.x.sharding.mesh.axis_types]
     except KeyboardInterrupt as e:
         out["interrupted"] = type(e).__name__
         out["notes"] = getattr(e, "__notes__", [])
@@ -228,6 +233,8 @@ def test_resume_in_two_processes_equals_the_uninterrupted_run(runs):
         resumed = runs[f"{kind}_resumed"]
         assert [o["resumed_from"] for o in resumed] == [newest, newest], kind
         assert all(o["steps"] == STEPS and o["state"] == full for o in resumed), kind
+        # rebuilt on the mesh's own axis types (automatic ones were another type to the step)
+        assert all(o["axis_types"] == ["AxisType.Explicit"] for o in resumed + runs["full"]), (kind, resumed)
         _same_trajectory(d / kind / "t.h5", d / "full" / "t.h5")
         assert sorted(p.name for p in (d / kind).iterdir()) == ["t.h5", "t.h5.p0", "t.h5.p1"]  # no second names left
 

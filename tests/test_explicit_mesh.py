@@ -73,13 +73,16 @@ def test_a_state_on_a_mesh_runs_as_a_plain_scan_does(kind):
     assert out["x_buffer"] == [None, "d"]  # laid out as the view's values: no gather to one device
 
 
-@pytest.mark.parametrize("kind", ["explicit", "auto"])
+@pytest.mark.parametrize("kind", ["explicit", "auto", "set_mesh"])
 def test_a_resume_continues_on_the_mesh_and_equals_the_uninterrupted_run(kind, tmp_path):
     """Stopped after its checkpoint at step 100 and resumed with like= (the initial state): the
-    state comes back on the mesh and the file equals the uninterrupted run's frames bit for bit;
-    without like= the resume is refused, naming the mesh."""
+    state comes back on the mesh, with its axis types, and the file equals the uninterrupted
+    run's frames bit for bit; without like= the resume is refused, naming the mesh. The same
+    with the mesh set for the whole program (``jax.set_mesh``)."""
     out = _run_program(textwrap.dedent(KERNEL) + textwrap.dedent(f"""
         mesh, state = make({kind!r})
+        if {kind!r} == "set_mesh":
+            jax.set_mesh(mesh)  # (the global mesh from here on)
         path = {str(tmp_path / "t.h5")!r}
         full = jl.run(step, state, 300, record={{"e": energy}}, progress=False)
 
@@ -102,12 +105,14 @@ def test_a_resume_continues_on_the_mesh_and_equals_the_uninterrupted_run(kind, t
             "resumed_from": run.resumed_from,
             "spec": [spec(a.sharding) for a in run.state],
             "devices": len(run.state[0].sharding.device_set),
+            "axis_types": [str(t) for t in run.state[0].sharding.mesh.axis_types],
             "e": bool(np.array_equal(jl.load(path)["e"], full.trajectory["e"])),
             "state": all(bool(np.array_equal(np.asarray(a), np.asarray(b))) for a, b in zip(run.state, full.state)),
         }}))
     """))
     assert "the run's state was sharded over a mesh ('d': 4); pass like=" in out["refused"]
     assert out["resumed_from"] == 100 and out["devices"] == 4 and out["spec"] == [["d"], ["d"]]
+    assert out["axis_types"] == (["AxisType.Auto"] if kind == "auto" else ["AxisType.Explicit"])
     assert out["e"] and out["state"], out
 
 

@@ -3,7 +3,8 @@
 No process holds such a state whole, so each process stores the blocks of each leaf it owns
 (as for records: each distinct block once, by the lowest process holding it) in its own part
 file, as ``<path>@<block>``, with ``jaxlog_blocks``: every leaf's global shape, dtype, blocks
-and sharding (its mesh's device ids, axis names and partition spec), the same in every part.
+and sharding (its mesh's device ids, axis names and axis types, and partition spec), the same
+in every part.
 A resume in as many processes rebuilds each leaf from the blocks its own devices need (read
 from whichever part holds them) with ``jax.make_array_from_single_device_arrays``, on the
 sharding the state had: every process gets back exactly the shards it had.
@@ -39,7 +40,10 @@ def _sharding_json(sharding: Any, path: str) -> dict:
                           "(jax.sharding.NamedSharding(mesh, spec))")
     spec = [list(a) if isinstance(a, tuple) else a for a in sharding.spec]
     ids = np.vectorize(lambda d: d.id, otypes=[np.int64])(sharding.mesh.devices)
-    return {"devices": ids.tolist(), "axes": list(sharding.mesh.axis_names), "spec": spec}
+    # the axis types too: a state on explicit axes (``jax.make_mesh``'s default) rebuilt on automatic
+    # ones would be another type to the step, and its sharding no longer the one it was run with
+    types = [t.name for t in getattr(sharding.mesh, "axis_types", ())]
+    return {"devices": ids.tolist(), "axes": list(sharding.mesh.axis_names), "spec": spec, "axis_types": types}
 
 
 def check_placed(state: Any) -> None:
@@ -86,16 +90,34 @@ def _sharding(data: dict, where: str) -> Any:
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     by_id = {d.id: d for d in jax.devices()}
+    types = _axis_types(data, where)
     try:
         ids = np.asarray(data["devices"], dtype=np.int64)
         devices = np.vectorize(lambda i: by_id[int(i)], otypes=[object])(ids)
         spec = PartitionSpec(*(tuple(a) if isinstance(a, list) else a for a in data["spec"]))
-        return NamedSharding(Mesh(devices, tuple(data["axes"])), spec)
+        mesh = Mesh(devices, tuple(data["axes"])) if types is None else Mesh(devices, tuple(data["axes"]),
+                                                                            axis_types=types)
+        return NamedSharding(mesh, spec)
     except KeyError as e:
         raise JaxlogError(f"{where}: the state was sharded over device {e}, which this run does not have "
                           f"(devices {sorted(by_id)}): resume in as many processes with as many devices each") from None
     except (TypeError, ValueError) as e:
         raise JaxlogError(f"{where}: the stored sharding {data!r} is not valid ({e})") from None
+
+
+def _axis_types(data: dict, where: str) -> tuple | None:
+    """The stored mesh's axis types (None where the snapshot names none: its mesh's default)."""
+    from jax.sharding import AxisType
+
+    names = data.get("axis_types") if isinstance(data, dict) else None
+    if names is None:
+        return None
+    known = {t.name: t for t in AxisType}
+    valid = isinstance(names, list) and all(isinstance(n, str) and n in known for n in names)
+    if not valid or len(names) != len(data.get("axes", [])):
+        raise JaxlogError(f"{where}: the stored sharding's axis types {names!r} are not one of {sorted(known)} per "
+                          f"mesh axis {data.get('axes')!r}")
+    return tuple(known[n] for n in names)
 
 
 def global_leaf(path: str, info: dict, parts: list[dict], where: str) -> Any:
