@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Everything the GPU rows of docs/performance-gpu.md need, on a lent GPU, in two calls of under ten
-# minutes each. "first": the device loop's blocks against the plain loop (benchmarks/run.py --only
-# blocks: ratios to the scan with the same records, and device-to-host copies per step counted in a
-# profiler trace), the tests that must hold on the card (the blocks' bits and trip counts, the
-# examples' speed test), the long, sparse and fixed sections. "second": the plain loop with XLA's
-# command buffers, jl.benchmark's device timer, the memory bound, the suites and the accelerator
-# section. Each step has its own time limit; tables go to stdout and to $OUT (or $TMPDIR/jaxlog-device).
+# Everything the GPU rows of docs/performance-gpu.md need, on a lent GPU, in three calls of under
+# ten minutes each. "first": the device loop's blocks against the plain loop (benchmarks/run.py
+# --only blocks: ratios to the scan with the same records, and device-to-host copies per step
+# counted in a profiler trace), the tests that must hold on the card (the blocks' bits and trip
+# counts, the examples' speed test), the long, sparse and fixed sections. "second": the plain loop
+# with XLA's command buffers, jl.benchmark's device timer, the memory bound. "third": the suites
+# and the accelerator section. Each step has its own time limit; tables go to stdout and to $OUT
+# (or $TMPDIR/jaxlog-device).
 #
-#     bash benchmarks/device_check.sh [first] [second]   # on the machine with the GPU, from the repository root
+#     bash benchmarks/device_check.sh [first] [second] [third]   # on the machine with the GPU, from the repository root
 set -u
 cd "$(dirname "$0")/.."
 out=${OUT:-${TMPDIR:-/tmp}/jaxlog-device}
@@ -34,11 +35,12 @@ part() {  # part NAME SECONDS COMMAND...: one measurement, its limit, its output
     echo "== $name: exit ${PIPESTATUS[0]} after $(($(date +%s) - t0)) s"
 }
 
-# Two calls, each within one command's 10 minutes: `bash benchmarks/device_check.sh first`, then
-# `... second` (no argument: both). Seconds seen on one H100 (2026-11-28): blocks 92, gpu-tests 15,
-# long 43, sparse 122, fixed over 35, command-buffers 15.
+# Three calls, each within one command's 10 minutes: `bash benchmarks/device_check.sh first`, then
+# `... second`, `... third` (no argument: all). Seconds seen on one H100 (2026-11-28): blocks 92, gpu-tests 15,
+# long 43, sparse 122, fixed over 35, command-buffers 15; on one H200 (the same day): fixed 56, long 45,
+# sparse 123, device-timer 90, memory 41, suite over 225 (its own call).
 want() { [ $# -eq 0 ] || [[ " $WANT " == *" $1 "* ]]; }
-WANT=${*:-first second}
+WANT=${*:-first second third}
 if want first; then
     part blocks 120 $py benchmarks/run.py --only blocks --json "$out/blocks.json"
     part gpu-tests 40 $py -m pytest -q -p no:cacheprovider tests/test_blocks.py \
@@ -52,8 +54,10 @@ if want second; then
     part command-buffers 40 env XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL" \
         $py benchmarks/run.py --only blocks --quick
     # jl.benchmark's device timer (the devices' busy seconds from a profiler trace) beside wall time
-    part device-timer 90 $py benchmarks/device_timer.py
+    part device-timer 150 $py benchmarks/device_timer.py
     # docs/memory.md's bound with the record buffers on the device
     part memory 120 $py benchmarks/memory.py --mb 16,64 --sinks hdf5,drop
-    part suite 200 $py benchmarks/run.py --only suite,accelerator --suite-repeats 3
+fi
+if want third; then  # whole pytest suites in fresh processes: over 225 s on an H200, a call of its own
+    part suite 560 $py benchmarks/run.py --only suite,accelerator --suite-repeats 3
 fi

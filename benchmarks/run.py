@@ -443,10 +443,17 @@ def kernels(hlo: str) -> int:
     return len(re.findall(r"= \S+ fusion\(", hlo))
 
 
+def _pythonpath(*first: Path) -> str:
+    """This checkout first, then what the caller's PYTHONPATH held: where the package was installed
+    as a wheel (a GPU machine's image), its entry point, which registers the plugin, is there."""
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return os.pathsep.join([*map(str, first), *inherited])
+
+
 def section_compile(args, rows: list[Row]) -> None:
     def child(which):
         out = subprocess.run([sys.executable, __file__, "--compile-child", which], capture_output=True, text=True,
-                             check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                             check=True, env={**os.environ, "PYTHONPATH": _pythonpath(ROOT)})
         return json.loads(out.stdout.strip().splitlines()[-1])
 
     repeats = max(2, args.repeats if not args.quick else 2)
@@ -501,7 +508,7 @@ def pytest_wall(target: str | Path, cwd: Path, workers: int = 0, cache: Path | N
     cmd = [sys.executable, "-m", "pytest", "-q", str(target)]
     cmd += ["-o", f"cache_dir={cache}"] if cache else ["-p", "no:cacheprovider"]
     cmd += ["-n", str(workers)] if workers else []
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(cwd)])}
+    env = {**os.environ, "PYTHONPATH": _pythonpath(ROOT, cwd)}
     if cache is None:
         env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
     t0 = time.perf_counter()
