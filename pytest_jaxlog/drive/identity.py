@@ -44,7 +44,7 @@ from ..logs import calls_made, collect, jaxpr_has_logs
 from .memo import Cache
 from .predicates import ValueSource, Values
 from .resolve import LoggingView
-from .shards import place
+from .shards import explicit_mesh, place
 
 _BOUND = threading.local()  # while a chunk program is traced: id(kernel) -> its constants (tracers)
 _TRACED = Cache("traced functions")  # (id(fn), signature, log capacity) -> (fn, its canonical callable)
@@ -193,6 +193,17 @@ def _canonical_new(fn: Callable, args: tuple, capacity: int | None) -> Callable:
     return Kernel(traced) if any(hoisted) else Shared(fn, traced)
 
 
+def _struct(x: Any) -> jax.ShapeDtypeStruct:
+    """A state leaf's type for tracing the run's functions: on a mesh of explicit axes its
+    sharding is part of the type, and a function traced without it computes unsharded values
+    (evaluated from that trace in the chunk program, a masked sharded value came out unsharded,
+    and its row no longer fit the record's buffer)."""
+    sharding = getattr(x, "sharding", None)
+    if explicit_mesh(sharding) is not None:
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+    return jax.ShapeDtypeStruct(x.shape, x.dtype)
+
+
 def _hoisted(const: Any) -> bool:
     """Whether a captured array becomes an argument of the program: arrays, not scalars."""
     return const.size > 1
@@ -221,7 +232,7 @@ def canonical(step: Callable, lanes: tuple, until: Callable | None, state: Any, 
     sig = (avals, None if key is None else (jax.typeof(key), n))
 
     def make() -> tuple:
-        st = jax.tree_util.tree_unflatten(treedef, [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves])
+        st = jax.tree_util.tree_unflatten(treedef, [_struct(x) for x in leaves])
         step_args: tuple = (st,)
         if key is not None:
             step_args = (_KEY_AVALS.memo(sig[1], lambda: jax.eval_shape(lambda kk: step_key(kk, 0, n), key)), st)
