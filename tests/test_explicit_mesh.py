@@ -249,3 +249,33 @@ def test_a_violation_on_a_mesh_names_the_global_element_and_keeps_the_states_bef
     assert out["postmortem"] == [35, 36, 37] and all(out["kept"].values()), out
     assert out["status"] == "violated"
     assert out["flops"] > 0 and out["one_device"] > 0, out
+
+
+@pytest.mark.parametrize("kind", ["explicit", "auto"])
+def test_a_golden_of_a_sharded_run_matches_the_scan_and_catches_a_change(kind, tmp_path):
+    """A golden written from a run on the mesh holds the scan's values; the same run matches it,
+    and a kernel 1% off fails it, naming the record."""
+    out = _run_program(textwrap.dedent(KERNEL) + textwrap.dedent(f"""
+        from pytest_jaxlog.golden import check_golden
+        from pytest_jaxlog.errors import JaxlogError
+        mesh, state = make({kind!r})
+        golden = {str(tmp_path / "g.h5")!r}
+        record = {{"e": energy, "x": jl.Record(lambda s: s[0], every=50)}}
+        run = jl.run(step, state, 200, record=record, chunk=100, progress=False)
+        made = check_golden(run, golden, regen=True, rtol=1e-6)
+        _, e, x = scan(state)
+        g = jl.load(golden)
+        again = check_golden(jl.run(step, state, 200, record=record, chunk=70, progress=False), golden, regen=False)
+        off = lambda s: (step(s)[0] * 1.01, step(s)[1])
+        try:
+            check_golden(jl.run(off, state, 200, record=record, chunk=100, progress=False), golden, regen=False)
+            caught = ""
+        except AssertionError as exc:
+            caught = str(exc)
+        print(json.dumps({{"made": made, "again": again, "caught": caught[:400],
+                          "e": bool(np.array_equal(g["e"], np.asarray(e))),
+                          "x": bool(np.array_equal(g["x"], np.asarray(x)))}}))
+    """))
+    assert out["made"] == "regenerated" and out["again"] == "ok", out
+    assert out["e"] and out["x"], out
+    assert "'e'" in out["caught"] or "'x'" in out["caught"], out
