@@ -23,6 +23,15 @@ would pin it), except from a set of ``VIEW_BYTES`` or more: its frames are views
 not reused (a copy would hold its records twice, in a memory the device buffers share); on
 accelerators a full set comes to the host whole (its transfer started as soon as it is full), a
 partly filled one as the rows used.
+
+Why one set in flight for records of ``ONE_SET_BYTES`` or more a step on the CPU: there the
+device's sets are host memory, and two of them (the one the running chunk fills, the one read)
+cost two sets of the budget, at least three records each (a chunk runs at least 2 steps, and the
+initial frame has its row), six records or more a step. Pulled before the next chunk is
+dispatched into a fresh set, a set is freed with its frames once the sinks have them (the HDF5
+writer copies them into its queue), and a run holds one set and what its sinks keep. The device
+waits for the host meanwhile: what that costs is the sinks' hand-over, small beside stepping and
+writing such records; smaller records keep the overlap.
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ MAX_WAITING = 256  # chunks written into the set being filled, at most, before i
 FEED_INTERVAL_S = 0.05  # pull at least this often (progress, until=, invariants)
 POOL_BYTES = 64 * 2**20  # spare record buffers kept between runs
 VIEW_BYTES = 8 * 2**20  # the CPU: a set this large is handed to the frames as it is, not copied and reused
+ONE_SET_BYTES = VIEW_BYTES  # the CPU: records this large a step run with one set in flight
 _SHORT = 4  # accelerators: a set holding less than 1/_SHORT of its rows transfers only the rows used
 
 
@@ -112,8 +122,10 @@ class Fills:
     """The sets of buffers of one run: the one being filled, those full and not pulled yet."""
 
     def __init__(self, plan: Plan, shapes: tuple[dict, ...], device: Any, budget: int, state_bytes: int,
-                 close_at: Any = None, placement: Any = None, sharded: bool = False, each_chunk: bool = False):
+                 close_at: Any = None, placement: Any = None, sharded: bool = False, each_chunk: bool = False,
+                 one_set: bool = False):
         self.plan, self.shapes, self.device = plan, shapes, device
+        self.one_set = one_set  # a set is pulled before the next chunk is dispatched (see ``ahead``)
         # a set closed after each dispatch, not by time (FEED_INTERVAL_S): over several processes
         # every process must pull (and stop, and judge) after the same dispatches
         self.each_chunk = each_chunk
@@ -156,18 +168,42 @@ class Fills:
     def due(self) -> list[Fill]:
         """The sets to pull now: those closed before the newest chunk was dispatched (so the
         device goes on with it while the host reads them). The set being filled is closed (and
-        pulled after the next dispatch) when it is time, or it holds too many chunks."""
+        pulled after the next dispatch) when it is time, or it holds too many chunks. With one
+        set in flight, none: :meth:`ahead` gives them."""
+        if self.one_set:
+            return []
         out, self.full = self.full, []
         cur = self.current
         now = time.perf_counter()
-        if cur is not None and (self.each_chunk or now - self.last_pull >= FEED_INTERVAL_S or len(cur.chunks) >= MAX_WAITING
-                                or len(cur.chunks) * self.state_bytes >= self.budget):
+        if cur is not None and self._closing(cur, now):
             self.full.append(cur)
             self.current = None
             self.last_pull = now
         if out:
             self.last_pull = now
         return out
+
+    def ahead(self, length: int) -> list[Fill]:
+        """One set in flight: the set to pull before a chunk of ``length`` steps is dispatched,
+        the one being filled when the chunk would not go into it, or it is closed or due (as
+        in :meth:`due`); nothing otherwise, and always nothing with sets overlapping."""
+        if not self.one_set:
+            return []
+        out, self.full = self.full, []
+        cur = self.current
+        now = time.perf_counter()
+        if cur is not None and (cur.closed or cur.rows + length > self.capacity or self._closing(cur, now)):
+            out.append(cur)
+            self.current = None
+        if out:
+            self.last_pull = now
+        return out
+
+    def _closing(self, cur: Fill, now: float) -> bool:
+        """Whether the set being filled is pulled now: it is time, or it holds too many chunks
+        (or their kept start states hold the budget)."""
+        return (self.each_chunk or now - self.last_pull >= FEED_INTERVAL_S or len(cur.chunks) >= MAX_WAITING
+                or len(cur.chunks) * self.state_bytes >= self.budget)
 
     def rest(self) -> list[Fill]:
         """Every set not pulled yet (the run's end)."""
@@ -203,6 +239,16 @@ class Fills:
         if not keep or self.set_bytes * len(keep) > POOL_BYTES:
             return
         _SPARE.keep(self.key, keep, self.set_bytes)
+
+
+def one_set_in_flight(plan: Plan, shapes: tuple[dict, ...], platform: str) -> bool:
+    """Whether a run keeps one set of buffers in flight (see the module's docstring): on the CPU,
+    when a step records ``ONE_SET_BYTES`` or more (every record's frame)."""
+    if platform != "cpu":
+        return False
+    frame = sum(int(np.prod(sd.shape, dtype=np.int64)) * np.dtype(sd.dtype).itemsize
+                for lane in shapes for sd in lane.values())
+    return frame >= ONE_SET_BYTES
 
 
 def any_deleted(tree: Any) -> bool:

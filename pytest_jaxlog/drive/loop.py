@@ -27,7 +27,7 @@ from ..record import runmeta
 from . import program, shards
 from .checkpoint import check_against
 from .checkpointer import Checkpointer, resume_into
-from .chunks import VIEW_BYTES, Chunk, Fill, Fills, Reader, any_deleted, merge
+from .chunks import VIEW_BYTES, Chunk, Fill, Fills, Reader, any_deleted, merge, one_set_in_flight
 from .compiles import run_timings
 from .consensus import StopVote
 from .config import RunConfig
@@ -177,12 +177,14 @@ class RunLoop:
                                                                                 self.state, self.programs)
         # buffers go where the state is committed (uncommitted: the default device, and uncommitted too, or
         # the program would compile again for the mix of committed and uncommitted arguments)
+        platform = device.platform if device is not None else jax.default_backend()
+        # large records on the CPU: one set in flight (one process, one device: see drive.chunks)
+        one_set = self.layout is None and self.mesh_rep is None and one_set_in_flight(plan, self.shapes, platform)
         self.fills = Fills(plan, self.shapes, device if self.committed else None, cfg.budget,
                            0 if self.use_donate else self.resolved.state_bytes, close_at=cfg.checkpoint,
                            placement=leaves[0].sharding if self.committed else None, sharded=self.mesh_rep is not None,
-                           each_chunk=self.layout is not None)
-        self.reader = Reader.of(plan, self.shapes, device.platform if device is not None else jax.default_backend(),
-                                self.layout)
+                           each_chunk=self.layout is not None, one_set=one_set)
+        self.reader = Reader.of(plan, self.shapes, platform, self.layout)
         self.chunk_program: tuple | None = None  # (jitted chunk, plan, its arguments' Signature), for run.compiled_chunk()
         self.program_bufs = False  # whether that chunk was given its buffers (a sharded run's first makes them)
         self.first_flags = ((program.RECORD_INITIAL if cfg.start_step == 0 else 0)
@@ -244,6 +246,10 @@ class RunLoop:
         self.t_loop = time.perf_counter()
         for n_chunk, seg in enumerate(self.segs):
             self.act_on_signal()
+            ahead = self.fills.ahead(seg.length)  # one set in flight: the set this chunk would not fit, pulled first
+            ended = self.consume(ahead) if ahead else None
+            if ended is not None:
+                return ended == "violation"
             self.dispatch(n_chunk, seg)
             batch = self.fills.due()
             if batch:

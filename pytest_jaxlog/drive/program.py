@@ -176,8 +176,10 @@ class Plan:
     @property
     def rows(self) -> int:
         """Rows of a row buffer: the initial frame's, one per step of the capacity, and one a masked
-        slot past the end of a full set writes (see ``_ChunkLoop.dense_rows``)."""
-        return self.length + 2
+        slot past the end of a full set writes (see ``_ChunkLoop.dense_rows``). Blocks of one slot
+        mask none (a slot runs only while the loop goes on), so they need no such row: a set on the
+        CPU is a record smaller, and a large record's set a third smaller."""
+        return self.length + (2 if self.block > 1 else 1)
 
     def __eq__(self, other: object) -> bool:
         if self is other:
@@ -558,7 +560,7 @@ def keeps_steps(lane: Lane) -> bool:
 
 
 def buffer_specs(plan: Plan, shapes: tuple[dict, ...]) -> dict:
-    """One set of record buffers, as ``ShapeDtypeStruct`` leaves: row buffers of ``C + 2`` rows (``Plan.rows``), and
+    """One set of record buffers, as ``ShapeDtypeStruct`` leaves: row buffers of ``C + 1`` or ``C + 2`` rows (``Plan.rows``), and
     per compact lane its values' slots and, where ``keeps_steps``, its steps' (else None). What
     :func:`buffers` puts on a device, what a sharded run's program makes itself, what a set
     weighs and which pooled sets fit (equal specs, interchangeable sets)."""

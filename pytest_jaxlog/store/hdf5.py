@@ -70,6 +70,7 @@ STALL_TIMEOUT_S = 60.0  # default: a writer thread that finishes nothing for thi
 TMP_SUFFIX = ".jaxlog-tmp"
 _TMP_MIDDLE = re.compile(r"\d+-[0-9a-f]{8}")
 _CHUNK_BYTES = 1 << 19  # largest chunk of a run of known length (fits the 1 MiB chunk cache)
+FRAME_CHUNK_BYTES = 1 << 20  # a frame larger than this is cut into chunks of at most this (see _frame_chunk)
 _OPEN_CHUNK_BYTES = 1 << 16  # unknown run length: chunks of ~_OPEN_CHUNK_FRAMES frames within these bounds,
 _OPEN_CHUNK_MIN = 1 << 12  # so each dataset's last, partly filled chunk wastes little
 _OPEN_CHUNK_FRAMES = 64
@@ -197,6 +198,23 @@ class _Group(NamedTuple):
     paths: list
     step: _Column
     time: _Column | None
+
+
+def _frame_chunk(shape: tuple, itemsize: int) -> tuple[int, ...]:
+    """The chunk of one frame larger than ``FRAME_CHUNK_BYTES``: its leading axes cut so a chunk
+    holds at most that (the trailing axes whole where they fit). Why: HDF5 writes a checksummed
+    chunk through two buffers of its size (the filter's input and output), so a chunk of a whole
+    128 MB frame held 256 MB more while it was written."""
+    limit = FRAME_CHUNK_BYTES
+    dims = [max(1, int(s)) for s in shape]
+    out = list(dims)
+    for i in range(len(dims)):
+        rest = int(np.prod(dims[i + 1:], dtype=np.int64)) * itemsize
+        if rest <= limit:
+            out[i] = max(1, min(dims[i], limit // max(1, rest)))
+            break
+        out[i] = 1
+    return tuple(out)
 
 
 def _chunk_rows(frame_bytes: int, frames: int | None = None) -> int:
@@ -786,7 +804,8 @@ class HDF5Writer(Sink):
             rows = _chunk_rows(frame_bytes, n)
             # zero-size frame dims: HDF5 chunks must be >= 1, so such dims get an unlimited max
             maxshape = (None, *(s if s > 0 else None for s in leaf.shape))
-            chunks = (rows, *(max(1, s) for s in leaf.shape)) if frame_bytes <= (1 << 30) else True
+            chunks = (rows, *(max(1, s) for s in leaf.shape)) if frame_bytes <= FRAME_CHUNK_BYTES \
+                else (1, *_frame_chunk(leaf.shape, stored.itemsize))
             self._dsets[leaf.path] = column(g, leaf.path, "value", shape=(0, *leaf.shape), maxshape=maxshape,
                                             dtype=stored, chunks=chunks)
             if made and dname is not None:
@@ -890,8 +909,9 @@ class HDF5Writer(Sink):
                     self._finalized = True
                     return
             finally:
-                if item is not None:
-                    q.done(item)
+                if item is not None:  # its frames let go first: the room ``done`` makes is memory freed
+                    done, item = Item(item.kind, None, item.nbytes), None
+                    q.done(done)
 
     def _file_end(self) -> int:
         return self._file.id.get_filesize()
