@@ -168,9 +168,14 @@ KILL_CHILD = """
         h5py.Group.create_dataset = create_dataset
     elif point == "rename":  # complete and flushed, not yet in place
         os.replace = die
-    elif point == "after":  # in place, the writer thread not started yet
+    elif point == "after":  # in place, the writer thread not started yet (the disk's helper thread is)
         import threading
-        threading.Thread.start = die
+        real_start = threading.Thread.start
+        def start(self):
+            if self.name.startswith("jaxlog-hdf5"):
+                die()
+            return real_start(self)
+        threading.Thread.start = start
     schema = Schema(tuple(LeafSpec(f"r{i}", f"r{i}", (4,), np.dtype("float32"), every(1)) for i in range(6)))
     if point == "copy":  # a file of this layout made before; the next one dies while its template is copied
         import tempfile

@@ -428,6 +428,7 @@ class HDF5Writer(Sink):
                 raise JaxlogError(f"{self.path} exists and HDF5Writer(overwrite=False)")
             recover(self.path)  # a commit a killed writer left half applied: rolled back first
             self._remove_stale_temps()
+            self._disk.start()  # before any HDF5 call: never from inside one (store.stall)
             self._create_beside(schema, meta)  # in place and "open" from here on
             self._thread = threading.Thread(target=self._run, name=f"jaxlog-hdf5:{self.path.name}", daemon=True)
             _LIVE.add(self)

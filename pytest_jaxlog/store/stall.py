@@ -136,6 +136,18 @@ class GuardedDisk(journal.Disk):
         journal.SYSTEM.unlink(path)
 
     # -- the helper thread ----------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the helper thread, from the thread opening the writer, before any HDF5 call.
+        Why not on the first call: the writer thread's calls come from inside h5py, which holds
+        its global lock there, and starting a thread waits for the new thread to run, which needs
+        the interpreter's lock; a thread holding that while it waits for h5py's lock (the next
+        writer opening a file) then deadlocks all three."""
+        with self._use:
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(target=self._serve, name=f"jaxlog-io:{Path(self.path).name}",
+                                                daemon=True)
+                self._thread.start()
+
     def close(self) -> None:
         """No more calls: the helper thread ends (unless it is stuck in one: it is left there)."""
         with self._use:
@@ -153,10 +165,8 @@ class GuardedDisk(journal.Disk):
                 raise DiskStalled(f"{stuck.describe()}; the disk stopped answering, so nothing more is written to it")
             if self._closed or threading.get_ident() == self._owner:  # see the class's docstring
                 return fn(*args)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._serve, name=f"jaxlog-io:{Path(self.path).name}",
-                                                daemon=True)
-                self._thread.start()
+            if self._thread is None:  # not started (``start``): never from here, see ``start``
+                return fn(*args)
             self._job = _Job(fn, args)
             since = time.monotonic()
             self._go.release()
