@@ -284,3 +284,66 @@ def test_the_stall_timeout_default_comes_from_the_environment(tmp_path, monkeypa
         monkeypatch.setenv(STALL_ENV, bad)
         with pytest.raises(JaxlogError, match=rf"^\[jaxlog\] {STALL_ENV}='{re.escape(bad)}': expected a number"):
             HDF5Writer(tmp_path / "d.h5")
+
+
+class _Cycle:
+    """Garbage only a collection frees: it holds an h5py object, whose release takes h5py's lock."""
+
+    def __init__(self, held):
+        self.me, self.held = self, held
+
+
+def test_a_collection_on_the_io_thread_waiting_for_h5pys_lock_is_not_a_stall(tmp_path):
+    """The writer thread waits for its helper thread while inside an h5py call, holding h5py's
+    global lock; a garbage collection on the helper thread that frees an h5py object waits for
+    that lock. The waiting thread must see the collection and make the call itself, not wait out
+    the stall timeout and call a working disk hung. The call here stands for one during which a
+    collection begins: made on the helper thread, then made again (the same bytes at the same
+    place) on the waiting thread."""
+    import gc
+    import threading
+
+    import h5py
+    from h5py._objects import phil
+
+    from pytest_jaxlog.store.stall import GuardedDisk, stuck_calls
+
+    other = h5py.File(tmp_path / "other.h5", "w")
+    other["x"] = np.arange(3)
+    target = tmp_path / "t.bin"
+    fd = os.open(target, os.O_RDWR | os.O_CREAT, 0o644)
+    disk = GuardedDisk(target, stall_s=GUARD_S)
+    disk.start()
+    made_on: list[str] = []
+
+    def collect_then_write(fd: int, data: bytes, at: int) -> int:
+        made_on.append(threading.current_thread().name)
+        gc.collect()  # on the helper thread: waits for h5py's lock, held by the writer below
+        return os.pwrite(fd, data, at)
+
+    outcome: dict = {}
+
+    def writer() -> None:  # the writer thread, inside an h5py call
+        with phil:
+            try:
+                outcome["written"] = disk._call(lambda: "pwrite", collect_then_write, (fd, b"abc", 5))
+            except Exception as exc:  # noqa: BLE001  (the assertion below shows it)
+                outcome["error"] = repr(exc)
+
+    was_enabled = gc.isenabled()
+    gc.disable()  # no collection but the helper thread's frees the cycle
+    _Cycle(other["x"])
+    thread = threading.Thread(target=writer, name="writer")
+    thread.start()
+    thread.join(GUARD_S + 30)
+    if was_enabled:
+        gc.enable()
+    try:
+        assert outcome == {"written": 3}
+        assert made_on[0].startswith("jaxlog-io:") and made_on[1] == "writer"
+        assert target.read_bytes() == b"\0" * 5 + b"abc"
+        assert stuck_calls() == []
+    finally:
+        disk.close()
+        os.close(fd)
+        other.close()

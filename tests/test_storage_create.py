@@ -348,3 +348,27 @@ def test_close_returns_once_the_path_is_free(tmp_path):
         w.close("complete", steps_done=k)
         assert not lock_path(path).exists() and not w._thread.is_alive()
     assert len(jl.load(path).steps("energy")) == 30
+
+
+def test_a_loser_that_locks_an_instant_before_the_holder_writes_its_name_still_names_it(tmp_path):
+    """The winner locks the lock file first and writes who it is just after: a second writer
+    failing to lock in between waits for the name, and never says 'holder unknown'."""
+    import fcntl
+    import threading
+
+    from pytest_jaxlog.errors import WriterError
+    from pytest_jaxlog.store.pathlock import PathLock, lock_path
+
+    path = tmp_path / "t.h5"
+    fd = os.open(lock_path(path), os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # locked, nothing written yet
+    late = threading.Timer(0.3, lambda: os.pwrite(fd, b"pid 4242 on elsewhere since now: run.py", 0))
+    late.start()
+    try:
+        with pytest.raises(WriterError) as caught:
+            PathLock(path).acquire()
+    finally:
+        late.join()
+        os.close(fd)
+    assert str(caught.value).startswith(f"[jaxlog] cannot write {path}: another writer is writing it "
+                                        f"(pid 4242 on elsewhere since now: run.py); ")

@@ -19,6 +19,7 @@ import os
 import socket
 import stat
 import sys
+import time
 from pathlib import Path
 
 from ..errors import WriterError
@@ -29,6 +30,7 @@ except ImportError:  # Windows: no flock; the in-process check in HDF5Writer sti
     fcntl = None  # type: ignore[assignment]
 
 LOCK_SUFFIX = ".jaxlog-lock"
+_HOLDER_WAIT_S = 2.0  # how long a loser waits for the winner to write who it is
 _ATTEMPTS = 32  # a lock file replaced between our open and our lock, this many times in a row: give up
 
 
@@ -76,7 +78,7 @@ class PathLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
-                holder = self._read_holder(fd)
+                holder = self._wait_for_holder(fd)
                 os.close(fd)
                 if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
                     # the file system cannot lock (ENOLCK, EOPNOTSUPP: some network mounts): write
@@ -139,6 +141,15 @@ class PathLock:
             os.unlink(self.path)
         except FileNotFoundError:
             pass  # removed by hand: nothing left to clean
+
+    @classmethod
+    def _wait_for_holder(cls, fd: int) -> str:
+        """The holder's text; a holder that has just locked the file writes it an instant later,
+        so an empty file is read again for up to ``_HOLDER_WAIT_S``."""
+        deadline = time.monotonic() + _HOLDER_WAIT_S
+        while not (holder := cls._read_holder(fd)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return holder
 
     @staticmethod
     def _read_holder(fd: int) -> str:

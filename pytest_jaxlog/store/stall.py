@@ -22,7 +22,10 @@ saying which file, which call and for how long, flushes its streams and ends wit
 from __future__ import annotations
 
 import atexit
+import functools
+import gc
 import os
+import queue
 import sys
 import threading
 import time
@@ -61,6 +64,7 @@ class StuckCall(NamedTuple):
     path: str
     call: str
     since: float
+    job: Any = None  # the helper thread's call, to forget once it returns
 
     def describe(self, now: float | None = None) -> str:
         waited = (time.monotonic() if now is None else now) - self.since
@@ -82,32 +86,85 @@ def stuck_note(path: Path | str) -> str:
     return f"; {mine[0].describe()}" if mine else ""
 
 
-class _Job(NamedTuple):
-    fn: Callable[..., Any]
-    args: tuple
+class _Job:
+    """One call handed to the helper thread (``_serve``)."""
+
+    __slots__ = ("fn", "args", "done", "result", "error", "started", "withdrawn", "abandoned")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple):
+        self.fn, self.args = fn, args
+        self.done = threading.Lock()
+        self.done.acquire()
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.started = False  # the helper thread called ``fn``
+        self.withdrawn = False  # the waiting thread made the call itself: the helper must not
+        self.abandoned = False  # the waiting thread gave up on it (the disk stopped answering)
+
+
+_COLLECTOR: int | None = None  # the thread running a garbage collection now, if any
+
+
+def _note_collector(phase: str, info: dict) -> None:
+    global _COLLECTOR
+    _COLLECTOR = threading.get_ident() if phase == "start" else None
+
+
+gc.callbacks.append(_note_collector)
+_POLL_S = 0.05  # how often the waiting thread looks whether the helper thread is collecting
+
+
+def _serve(jobs: queue.SimpleQueue) -> None:
+    """The helper thread's loop. Why it is so bare: a garbage collection runs on whichever thread
+    allocates when one is due (or, on Python 3.12, on any thread at its next check), and an h5py
+    object collected takes h5py's global lock, which the waiting writer thread holds: a collection
+    here would wait for the writer, which waits for this call. So the loop allocates nothing
+    (its calls are ``os`` functions, given a ready tuple) and the waiting thread, seeing this
+    thread collect, makes the call itself (``GuardedDisk._call``).
+
+    Why that is safe: the test of ``withdrawn``, the setting of ``started`` and the call have no
+    point between them where the interpreter switches threads, so either this thread calls
+    ``fn`` and ``started`` says so, or the waiting thread withdrew the call first and this thread
+    never makes it; and a collection here after ``started`` comes after ``fn`` returned (nothing
+    before it allocates), so the waiting thread makes again a call already made, which for these
+    calls (a read, a write or a truncation at the same place, a sync) changes nothing."""
+    get = jobs.get
+    while True:
+        job = get()
+        if job is None:
+            return
+        if job.withdrawn:
+            continue
+        job.started = True
+        try:
+            job.result = job.fn(*job.args)
+        except BaseException as exc:  # noqa: BLE001  (raised on the waiting thread)
+            job.error = exc
+        with _STUCK_LOCK:  # against the waiting thread giving up on it at this instant
+            job.done.release()
+            abandoned = job.abandoned
+        if abandoned:  # the disk answered at last, after the writer gave up on it
+            with _STUCK_LOCK:
+                for key, call in list(_STUCK.items()):
+                    if call.job is job:
+                        del _STUCK[key]
+            return
 
 
 class GuardedDisk(journal.Disk):
     """``journal.Disk`` whose reads, writes, truncations and syncs run on a helper thread, each
-    waited for at most ``stall_s`` (see the module's docstring). The calls themselves are those
-    of ``journal.SYSTEM`` at the time of the call (fault-injection tests replace it).
+    waited for at most ``stall_s`` (see the module's docstring).
 
     Calls from the thread that made the disk (the writer's caller, creating the file, or finishing
-    it after its writer thread died) run on that thread: no other thread waits for them, and the
-    file's creation keeps its order of events (its helper thread starts with the writer thread's
-    first call)."""
+    it after its writer thread died) run on that thread: no other thread waits for them. So do
+    all calls while ``journal.SYSTEM`` is not the real disk (fault-injection tests replace it):
+    the helper thread makes ``os`` calls only (see ``_serve``)."""
 
     def __init__(self, path: Path | str, stall_s: float):
         self.path = str(path)
         self.stall_s = float(stall_s)
         self._use = threading.Lock()  # one call at a time (the writer thread, or the caller before it)
-        self._go = threading.Lock()  # released: a job is waiting for the helper thread
-        self._done = threading.Lock()  # released: the helper thread finished the job
-        self._go.acquire()
-        self._done.acquire()
-        self._job: _Job | None = None
-        self._result: Any = None
-        self._error: BaseException | None = None
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._stuck: StuckCall | None = None
         self._closed = False
@@ -115,16 +172,31 @@ class GuardedDisk(journal.Disk):
 
     # -- journal.Disk ---------------------------------------------------------------------------
     def pread(self, fd: int, n: int, offset: int) -> bytes:
-        return self._call(lambda: f"pread of {n} bytes at offset {offset}", journal.SYSTEM.pread, fd, n, offset)
+        if type(journal.SYSTEM) is not journal.Disk:
+            return journal.SYSTEM.pread(fd, n, offset)
+        return self._call(lambda: f"pread of {n} bytes at offset {offset}", os.pread, (fd, n, offset))
 
     def pwrite(self, fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
-        self._call(lambda: f"pwrite of {len(data)} bytes at offset {offset}", journal.SYSTEM.pwrite, fd, data, offset)
+        if type(journal.SYSTEM) is not journal.Disk:
+            journal.SYSTEM.pwrite(fd, data, offset)
+            return
+        view, done = memoryview(data), 0
+        while done < len(view):  # a short write: the rest is a call of its own
+            at, rest = offset + done, view[done:]
+            done += self._call(functools.partial("pwrite of {} bytes at offset {}".format, len(rest), at), os.pwrite,
+                               (fd, rest, at))
 
     def ftruncate(self, fd: int, size: int) -> None:
-        self._call(lambda: f"ftruncate to {size} bytes", journal.SYSTEM.ftruncate, fd, size)
+        if type(journal.SYSTEM) is not journal.Disk:
+            journal.SYSTEM.ftruncate(fd, size)
+            return
+        self._call(lambda: f"ftruncate to {size} bytes", os.ftruncate, (fd, size))
 
     def fsync(self, fd: int) -> None:
-        self._call(lambda: "fsync", journal.SYSTEM.fsync, fd)
+        if type(journal.SYSTEM) is not journal.Disk:
+            journal.SYSTEM.fsync(fd)
+            return
+        self._call(lambda: "fsync", os.fsync, (fd,))
 
     def size(self, fd: int) -> int:
         return journal.SYSTEM.size(fd)
@@ -144,8 +216,8 @@ class GuardedDisk(journal.Disk):
         writer opening a file) then deadlocks all three."""
         with self._use:
             if self._thread is None and not self._closed:
-                self._thread = threading.Thread(target=self._serve, name=f"jaxlog-io:{Path(self.path).name}",
-                                                daemon=True)
+                self._thread = threading.Thread(target=_serve, args=(self._jobs,),
+                                                name=f"jaxlog-io:{Path(self.path).name}", daemon=True)
                 self._thread.start()
 
     def close(self) -> None:
@@ -155,53 +227,37 @@ class GuardedDisk(journal.Disk):
                 return
             self._closed = True
             if self._thread is not None and self._stuck is None:
-                self._job = None
-                self._go.release()
+                self._jobs.put(None)
 
-    def _call(self, what: Callable[[], str], fn: Callable[..., Any], *args: Any) -> Any:
+    def _call(self, what: Callable[[], str], fn: Callable[..., Any], args: tuple) -> Any:
         with self._use:
             stuck = self._stuck
             if stuck is not None:
                 raise DiskStalled(f"{stuck.describe()}; the disk stopped answering, so nothing more is written to it")
-            if self._closed or threading.get_ident() == self._owner:  # see the class's docstring
-                return fn(*args)
-            if self._thread is None:  # not started (``start``): never from here, see ``start``
-                return fn(*args)
-            self._job = _Job(fn, args)
+            thread = self._thread
+            if self._closed or thread is None or threading.get_ident() == self._owner:
+                return fn(*args)  # see the class's docstring; not started: never from here (``start``)
+            job = _Job(fn, args)
             since = time.monotonic()
-            self._go.release()
-            if not self._done.acquire(timeout=self.stall_s):
-                call = StuckCall(self.path, what(), since)
+            self._jobs.put(job)
+            while not job.done.acquire(timeout=_POLL_S):
+                if _COLLECTOR == thread.ident:  # it may wait for h5py's lock, held here: see ``_serve``
+                    job.withdrawn = True
+                    return fn(*args)
+                if time.monotonic() - since < self.stall_s:
+                    continue
+                call = StuckCall(self.path, what(), since, job)
                 with _STUCK_LOCK:
-                    if self._job is not None:  # (else it returned just now)
+                    if not job.done.acquire(False):  # (else it returned just now)
+                        job.abandoned = True
                         self._stuck = _STUCK[id(self)] = call
                 if self._stuck is not None:
                     raise DiskStalled(f"{call.describe()} (HDF5Writer(stall_timeout_s={self.stall_s:g}) or "
                                       f"{STALL_ENV} sets how long a call may take); the file keeps its last commit")
-                self._done.acquire()
-            error, result = self._error, self._result
-            self._error = self._result = None
-            if error is not None:
-                raise error
-            return result
-
-    def _serve(self) -> None:
-        while True:
-            self._go.acquire()
-            job = self._job
-            if job is None:
-                return
-            try:
-                self._result = job.fn(*job.args)
-            except BaseException as exc:  # noqa: BLE001  (raised on the calling thread)
-                self._error = exc
-            with _STUCK_LOCK:
-                self._job = None
-                if self._stuck is not None:  # the disk answered at last: nobody waits for it now
-                    _STUCK.pop(id(self), None)
-                    self._result = self._error = None
-                    return
-            self._done.release()
+                break
+            if job.error is not None:
+                raise job.error
+            return job.result
 
 
 @atexit.register
