@@ -628,7 +628,14 @@ class HDF5Writer(Sink):
             self._raise_stalled(what, exc.waited_s)
 
     def _raise_stalled(self, what: str, waited_s: float | None = None) -> None:
-        """``waited_s`` None: the thread was found stalled before, it is not waited for again."""
+        """``waited_s`` None: the thread was found stalled before, it is not waited for again.
+        A system call of the writer thread's in flight is given until its own timeout: its error
+        names the call and the file (``store.stall``), where this one can only say the thread is stuck."""
+        until = self._disk.in_flight_until()
+        if until is not None and waited_s is not None:
+            while (left := until - time.monotonic()) > -1.0 and self._error is None and self._alive():
+                time.sleep(min(0.05, max(left + 1.0, 0.0)))
+            self._raise_pending()
         self._stalled = True
         waited = f"{waited_s:.0f} s" if waited_s is not None else f"over {self.stall_timeout_s:.0f} s"
         _LIVE.discard(self)  # the exit hook must not wait on it again

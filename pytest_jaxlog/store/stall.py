@@ -167,6 +167,7 @@ class GuardedDisk(journal.Disk):
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._stuck: StuckCall | None = None
+        self._deadline: float | None = None  # of the call in flight on the helper thread
         self._closed = False
         self._owner = threading.get_ident()
 
@@ -239,12 +240,14 @@ class GuardedDisk(journal.Disk):
                 return fn(*args)  # see the class's docstring; not started: never from here (``start``)
             job = _Job(fn, args)
             since = time.monotonic()
+            self._deadline = deadline = since + self.stall_s
             self._jobs.put(job)
-            while not job.done.acquire(timeout=_POLL_S):
+            while not job.done.acquire(timeout=max(0.0, min(_POLL_S, deadline - time.monotonic()))):
                 if _COLLECTOR == thread.ident:  # it may wait for h5py's lock, held here: see ``_serve``
                     job.withdrawn = True
+                    self._deadline = None
                     return fn(*args)
-                if time.monotonic() - since < self.stall_s:
+                if time.monotonic() < deadline:
                     continue
                 call = StuckCall(self.path, what(), since, job)
                 with _STUCK_LOCK:
@@ -255,9 +258,16 @@ class GuardedDisk(journal.Disk):
                     raise DiskStalled(f"{call.describe()} (HDF5Writer(stall_timeout_s={self.stall_s:g}) or "
                                       f"{STALL_ENV} sets how long a call may take); the file keeps its last commit")
                 break
+            self._deadline = None
             if job.error is not None:
                 raise job.error
             return job.result
+
+    def in_flight_until(self) -> float | None:
+        """When the call the helper thread is making now counts as stuck (``time.monotonic``), or
+        None when it makes none: a caller waiting for the writer lets the call's own timeout speak
+        first, so the error names the call that hung."""
+        return self._deadline
 
 
 @atexit.register
