@@ -46,7 +46,7 @@ def main() -> None:
     sys.path.insert(0, args.root)
     from pytest_jaxlog.record.frames import Frames, LeafSpec, Schema
     from pytest_jaxlog.record.schedule import every
-    from pytest_jaxlog.store.hdf5 import HDF5Writer
+    from pytest_jaxlog.store.hdf5.writer import HDF5Writer
 
     journaled = "durable" in inspect.signature(HDF5Writer).parameters  # a checkout before journals has none
     width = args.frame_kb * 1024 // 8

@@ -44,7 +44,7 @@ WORKER = """
 import json, sys, warnings
 import jax
 import pytest_jaxlog as jl
-from pytest_jaxlog.drive.memo import clear_caches
+from pytest_jaxlog.drive.prepare.identity import clear_caches
 from examples.kernels.lj import make_lj
 
 def calls(k):

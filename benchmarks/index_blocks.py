@@ -8,8 +8,8 @@ import numpy as np
 import pytest_jaxlog as jl
 from pytest_jaxlog.record.frames import Block, Frames, LeafSpec, Schema
 from pytest_jaxlog.record.schedule import every
-from pytest_jaxlog.store.hdf5 import HDF5Writer
-from pytest_jaxlog.store.parts import PartsWriter
+from pytest_jaxlog.store.hdf5.writer import HDF5Writer
+from pytest_jaxlog.store.hdf5.parts import PartsWriter
 
 
 def make(path, n):

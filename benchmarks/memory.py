@@ -12,7 +12,7 @@ every ``k`` steps) for ``STEPS`` steps into a sink: ``hdf5`` (``jl.HDF5Writer``)
 (``VmHWM``) less that of a baseline process that runs the same kernel on the same state recording
 only a scalar: what recording the array costs on the host. On the CPU backend the "device"
 buffers (the chunk's record buffers) live in the same memory, so the figure includes them; the
-bound it is compared with (``pytest_jaxlog.drive.memory.bound``) says which part is which.
+bound it is compared with (``pytest_jaxlog.drive.device.chunks.bound``) says which part is which.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def measure(sink: str, mb: int, every: int, root: str = ROOT) -> dict:
 
 def table(mbs: list[int], sinks: list[str], everies: list[int], root: str = ROOT) -> str:
     sys.path.insert(0, ROOT)
-    from pytest_jaxlog.drive.memory import bound as bound_of
+    from pytest_jaxlog.drive.device.chunks import bound as bound_of
 
     rows = ["| record | every | sink | peak RSS growth | growth / record | bound (formula) |",
             "|---:|---:|---|---:|---:|---:|"]

@@ -75,7 +75,7 @@ import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
 import pytest_jaxlog as jl  # noqa: E402
-from pytest_jaxlog.drive import program  # noqa: E402
+from pytest_jaxlog.drive.device import program# noqa: E402
 from references import bare_scan, scan_with_records, write_records  # noqa: E402
 
 PAGE = ROOT / "docs" / "performance.md"
@@ -264,19 +264,19 @@ def _chunk_program_loop(step, state, record, steps: int, per_dispatch: int = 1, 
     time, chaining its buffers as the driver does, and does nothing else: with one step, the
     dispatch that a ``chunk=1`` run cannot avoid; with the whole run, the device program alone.
     ``initial``: the first dispatch records the initial state, as a run's first chunk does."""
-    from pytest_jaxlog.drive import resolution
-    from pytest_jaxlog.drive.config import RunConfig
-    from pytest_jaxlog.drive.lanes import lanes_of
-    from pytest_jaxlog.drive.scalars import scalars_on
+    from pytest_jaxlog.drive.device import plan as resolution
+    from pytest_jaxlog.drive.host.config import RunConfig, capacity_of, resolve_run
+    from pytest_jaxlog.drive.device.plan import lanes_of
+    from pytest_jaxlog.drive.device.chunks import scalars_on
 
     lanes = lanes_of(record, False, None)
     cfg = RunConfig(step=step, steps=steps, start_step=0, lanes=lanes, invariants=(), sinks=(), key=None,
                     dt=None, chunk=per_dispatch, profile=None, has_aux=False, batched=False, until=None,
                     on_violation="raise", postmortem=3, progress=None, budget=resolution.DEFAULT_BUDGET,
                     timeline=None, donate=False)
-    resolved = resolution.resolve_run(cfg, state)
+    resolved = resolve_run(cfg, state)
     plan, shapes = resolved.plan, resolved.shapes
-    plan = resolution.laid_out(plan, resolution.capacity_of(cfg, resolved.schema), shapes, pack=True,
+    plan = resolution.laid_out(plan, capacity_of(cfg, resolved.schema), shapes, pack=True,
                                block=program.block_for(jax.default_backend()))
     per_dispatch = min(per_dispatch, plan.length)
     bufs = [program.buffers(plan, shapes)]

@@ -1,4 +1,4 @@
-"""What the per-chunk stop vote of a run over several processes costs (``drive.consensus``).
+"""What the per-chunk stop vote of a run over several processes costs (``drive.prepare.sharding``).
 
     .venv/bin/python benchmarks/stop_vote.py            # 2 processes, 2 host CPU devices each
     .venv/bin/python benchmarks/stop_vote.py --chunks 200
@@ -40,8 +40,8 @@ CHILD = textwrap.dedent("""
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     import pytest_jaxlog as jl
-    from pytest_jaxlog.drive import shards
-    from pytest_jaxlog.drive.consensus import StopVote
+    from pytest_jaxlog.drive.prepare import sharding as shards
+    from pytest_jaxlog.drive.prepare.sharding import StopVote
     from kernels.oscillators import make_oscillators
 
     step, state, energy = make_oscillators(n=4096)

@@ -9,7 +9,7 @@ PYTEST_DONT_REWRITE
 import importlib as _importlib
 import typing as _typing
 
-__version__ = "0.1.0"
+from .version import __version__
 
 _EXPORTS = {
     # schedules and records
@@ -31,32 +31,32 @@ _EXPORTS = {
     # drivers and loggers
     "run": "drive.run",
     "Run": "drive.run",
-    "Recorder": "drive.recorder",
+    "Recorder": "drive.host.recorder",
     "resume": "drive.resume",
     "from_arrays": "drive.arrays",
     "ArraysRun": "drive.arrays",
-    "Logger": "drive.loggers",
-    "CompositeLogger": "drive.loggers",
-    "NullLogger": "drive.loggers",
-    "ProgressLogger": "drive.loggers",
-    "RingBuffer": "drive.loggers",
+    "Logger": "drive.host.loggers",
+    "CompositeLogger": "drive.host.loggers",
+    "NullLogger": "drive.host.loggers",
+    "ProgressLogger": "drive.host.loggers",
+    "RingBuffer": "drive.host.loggers",
     # logging from inside the kernel
     "log": "logs",
     "spool": "logs",
     "tap": "logs",
     "LogEvent": "logs",
     # sinks and reading
-    "Sink": "store.sink",
-    "HDF5Writer": "store.hdf5",
+    "Sink": "store.protocol",
+    "HDF5Writer": "store.hdf5.writer",
     "MemorySink": "store.sinks",
     "CSVWriter": "store.sinks",
     "CallbackSink": "store.sinks",
-    "TensorBoardWriter": "store.tensorboard",
-    "LoggingSink": "store.logsink",
-    "WandbSink": "store.wandbsink",
-    "MLflowSink": "store.mlflowsink",
-    "load": "store.trajectory",
-    "Trajectory": "store.trajectory",
+    "TensorBoardWriter": "store.dashboards",
+    "LoggingSink": "store.sinks",
+    "WandbSink": "store.dashboards",
+    "MLflowSink": "store.dashboards",
+    "load": "store.hdf5.trajectory",
+    "Trajectory": "store.hdf5.trajectory",
     # invariants
     "Invariant": "check.invariants",
     "InvariantViolation": "check.invariants",
@@ -67,15 +67,15 @@ _EXPORTS = {
     "aggregate": "check.invariants",
     "invariant": "check.invariants",
     # sampler quality and stepper order
-    "ess": "check.ess",
-    "EffectiveSampleSize": "check.ess",
-    "EssRate": "check.ess",
-    "convergence_order": "check.convergence",
+    "ess": "check.statistics",
+    "EffectiveSampleSize": "check.statistics",
+    "EssRate": "check.statistics",
+    "convergence_order": "check.statistics",
     "calibrate": "drive.calibrate",
-    "assert_statistically_close": "check.ensemble",
-    "EnsembleMismatch": "check.ensemble",
+    "assert_statistically_close": "check.statistics",
+    "EnsembleMismatch": "check.statistics",
     "Calibration": "drive.calibrate",
-    "ConvergenceOrder": "check.convergence",
+    "ConvergenceOrder": "check.statistics",
     # profiling and timings
     "ProfileWindow": "profiling.window",
     "Timeline": "profiling.timeline",
@@ -90,11 +90,11 @@ _EXPORTS = {
     "benchmark": "drive.benchmark",
     "Benchmark": "drive.benchmark",
     # golden trajectories
-    "assert_trajectory_close": "golden",
-    "TrajectoryMismatch": "golden",
-    "diff_trajectories": "golden",
-    "Diff": "golden",
-    "RecordDiff": "golden",
+    "assert_trajectory_close": "compare.golden",
+    "TrajectoryMismatch": "compare.golden",
+    "diff_trajectories": "compare.golden",
+    "Diff": "compare.golden",
+    "RecordDiff": "compare.golden",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -114,34 +114,45 @@ def __dir__() -> list[str]:
 
 
 if _typing.TYPE_CHECKING:  # static re-exports for type checkers and IDEs
-    from .errors import CostRegression, JaxlogAssertionError, JaxlogError, JaxlogRuntimeWarning, Terminated, WriterError
-    from .profiling.cost import Cost, cost
-    from .drive.benchmark import Benchmark, benchmark
-    from .record.frames import Frames, LeafSpec, Schema
-    from .golden import Diff, RecordDiff, TrajectoryMismatch, assert_trajectory_close, diff_trajectories
-    from .store.hdf5 import HDF5Writer
-    from .check.invariants import (Invariant, InvariantViolation, aggregate, bounded, conserved, finite, invariant,
-                                   monotonic)
-    from .logs import LogEvent, log, spool, tap
-    from .check.ess import EffectiveSampleSize, EssRate, ess
-    from .check.convergence import ConvergenceOrder, convergence_order
-    from .drive.calibrate import Calibration, calibrate
-    from .check.ensemble import EnsembleMismatch, assert_statistically_close
-    from .drive.loggers import CompositeLogger, Logger, NullLogger, ProgressLogger, RingBuffer
-    from .profiling.timeline import Timeline
-    from .profiling.window import ProfileWindow
-    from .drive.recorder import Recorder
-    from .drive.resume import resume
+    from .check.invariants import (
+        Invariant,
+        InvariantViolation,
+        aggregate,
+        bounded,
+        conserved,
+        finite,
+        invariant,
+        monotonic,
+    )
+    from .check.statistics import (
+        ConvergenceOrder,
+        EffectiveSampleSize,
+        EnsembleMismatch,
+        EssRate,
+        assert_statistically_close,
+        convergence_order,
+        ess,
+    )
+    from .compare.golden import Diff, RecordDiff, TrajectoryMismatch, assert_trajectory_close, diff_trajectories
     from .drive.arrays import ArraysRun, from_arrays
-    from .record.records import Record
+    from .drive.benchmark import Benchmark, benchmark
+    from .drive.calibrate import Calibration, calibrate
+    from .drive.host.loggers import CompositeLogger, Logger, NullLogger, ProgressLogger, RingBuffer
+    from .drive.host.recorder import Recorder
+    from .drive.resume import resume
     from .drive.run import Run, run
-    from .record.schedule import Schedule, at, every, window
-    from .store.sink import Sink
-    from .store.sinks import CSVWriter, CallbackSink, MemorySink
-    from .store.logsink import LoggingSink
-    from .store.mlflowsink import MLflowSink
-    from .store.wandbsink import WandbSink
-    from .store.tensorboard import TensorBoardWriter
+    from .errors import CostRegression, JaxlogAssertionError, JaxlogError, JaxlogRuntimeWarning, Terminated, WriterError
+    from .logs import LogEvent, log, spool, tap
+    from .profiling.cost import Cost, cost
+    from .profiling.timeline import Timeline
     from .profiling.timings import CompileTracker, TimingAssertionError, Timings
     from .profiling.trace import Trace, load_trace
-    from .store.trajectory import Trajectory, load
+    from .profiling.window import ProfileWindow
+    from .record.frames import Frames, LeafSpec, Schema
+    from .record.records import Record
+    from .record.schedule import Schedule, at, every, window
+    from .store.dashboards import MLflowSink, TensorBoardWriter, WandbSink
+    from .store.hdf5.trajectory import Trajectory, load
+    from .store.hdf5.writer import HDF5Writer
+    from .store.protocol import Sink
+    from .store.sinks import CallbackSink, CSVWriter, LoggingSink, MemorySink

@@ -19,9 +19,9 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from .compare.baseline import compared_lines
 from .errors import JaxlogError
-from .profiling.baseline import compared_lines
-from .record.printable import printable
+from .record.values import printable
 from .store import manifest
 
 
@@ -193,7 +193,7 @@ def _existing(path: str, what: str = "file") -> Path:
 
 def _load(path: str):
     p = _existing(path, "trajectory")
-    from .store.trajectory import load
+    from .store.hdf5.trajectory import load
 
     try:
         return load(p)
@@ -338,7 +338,7 @@ def _parse_steps(text: str | None):
 
 
 def cmd_diff(args) -> int:
-    from .golden import diff_trajectories, golden_options
+    from .compare.golden import diff_trajectories, golden_options
 
     a, b = _load(args.a), _load(args.b)
     given = {"rtol": args.rtol, "atol": args.atol, "records": args.records, "steps": _parse_steps(args.steps),
@@ -465,7 +465,7 @@ def cmd_trace(args) -> int:
 
 def cmd_export(args) -> int:
     traj = _load(args.file)
-    from .store.export import export_npz
+    from .store.hdf5.trajectory import export_npz
 
     arrays = export_npz(traj, args.npz, args.records)
     n = len([k for k in arrays if k.startswith("values/")])
@@ -475,7 +475,7 @@ def cmd_export(args) -> int:
 
 def cmd_plot(args) -> int:
     traj = _load(args.file)
-    from .golden import select_records
+    from .compare.golden import select_records
 
     if args.records or args.record:
         paths = select_records([*args.records, *args.record], traj)
@@ -489,7 +489,7 @@ def cmd_plot(args) -> int:
         raise UsageError("[jaxlog] plot needs matplotlib, which is not installed: pip install 'pytest-jaxlog[plot]'") from None
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from .check.records_plot import RecordsPlot, draw_records, title_of
+    from .check.plots import RecordsPlot, draw_records, title_of
 
     out = Path(args.output) if args.output else Path(args.file).with_name(f"{Path(args.file).stem}-plot.png")
     if out.is_dir():
@@ -525,7 +525,7 @@ class _Found:
 
 
 def _manifests(roots: Sequence[str]) -> _Found:
-    from .store.manifest_check import check
+    from .store.manifest import check
 
     found = _Found([], [])
     for f in manifest.find(roots):
@@ -745,7 +745,7 @@ def cmd_summary(args) -> int:
 
 
 def cmd_merge(args) -> int:
-    from .store.manifest_merge import merge
+    from .store.manifest import merge
 
     path = merge(args.roots, args.output)
     doc = json.loads(path.read_text())
@@ -754,7 +754,7 @@ def cmd_merge(args) -> int:
 
 
 def cmd_benchmarks(args) -> int:
-    from .profiling import baselinereport
+    from .compare import baseline as baselinereport
 
     root = Path(args.root)
     if not root.is_dir():
@@ -789,7 +789,7 @@ def _golden_dir(given: str | None) -> Path:
 
 
 def cmd_golden(args) -> int:
-    from .store import golden_pending
+    from .compare import golden_files as golden_pending
 
     directory = _golden_dir(args.dir)
     if not directory.is_dir():

@@ -11,15 +11,13 @@ from typing import Any, Iterator
 import pytest
 
 from .errors import JaxlogError
+from .harness import session as run_errors
 from .harness.baselines import add_options as add_benchmark_options
 from .harness.devices import ChildReports, DevicesPlugin, child_spec
-from .harness.factory import JaxlogFactory
-from .harness.fixture import JaxlogFixture
-from .harness.junit import JunitAttachments
+from .harness.fixture import JaxlogFactory, JaxlogFixture
 from .harness.options import add_options, marker_settings
-from .harness import run_errors
-from .harness.report_plugin import ReportPlugin, add_report_option
 from .harness.processes import DistributedChild, ProcessesPlugin, join_launched, start_distributed
+from .harness.report import JunitAttachments, ReportPlugin, add_report_option
 from .harness.session import REPORTS_KEY, SESSION_KEY, JaxlogSession, uses_jaxlog
 
 

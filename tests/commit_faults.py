@@ -19,8 +19,8 @@ import numpy as np
 
 from pytest_jaxlog.record.frames import Frames, LeafSpec, Schema
 from pytest_jaxlog.record.schedule import every
-from pytest_jaxlog.store import journal
-from pytest_jaxlog.store.hdf5 import HDF5Writer
+from pytest_jaxlog.store.hdf5 import journal
+from pytest_jaxlog.store.hdf5.writer import HDF5Writer
 
 SECTOR = 512
 SCHEMA = Schema((LeafSpec("x", "x", (64,), np.dtype("float64"), every(1)),
@@ -248,7 +248,7 @@ class Acks:
 def run_of(path: Path) -> int | None:
     """Which run's file ``path`` holds (None: it does not load)."""
     from pytest_jaxlog.errors import JaxlogError
-    from pytest_jaxlog.store.trajectory import load
+    from pytest_jaxlog.store.hdf5.trajectory import load
 
     try:
         return int(load(path).description["scenario_run"])
@@ -261,7 +261,7 @@ def check_file(path: Path, acks: "Acks | None") -> str | None:
     holds every frame and checkpoint ``acks`` acknowledged (None: nothing to hold); else what is
     wrong."""
     from pytest_jaxlog.errors import JaxlogError
-    from pytest_jaxlog.store.trajectory import load
+    from pytest_jaxlog.store.hdf5.trajectory import load
 
     try:
         traj = load(path)

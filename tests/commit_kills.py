@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 from commit_faults import SCHEMA, Acks, CountingDisk, KillingDisk, check_file, run_of, scenario  # noqa: E402
-from pytest_jaxlog.store import journal  # noqa: E402
+from pytest_jaxlog.store.hdf5 import journal# noqa: E402
 
 BATCHES = 4
 WITHOUT_JOURNAL = os.environ.get("JAXLOG_TEST_WITHOUT_JOURNAL") == "1"
@@ -89,7 +89,7 @@ def _writer(path: Path, run: int, kind: str, at: int | None):
 def _contents(path: Path) -> list | None:
     """Every step and value ``path`` reads back (None: it does not load)."""
     from pytest_jaxlog.errors import JaxlogError
-    from pytest_jaxlog.store.trajectory import load
+    from pytest_jaxlog.store.hdf5.trajectory import load
 
     try:
         traj = load(path)

@@ -42,7 +42,7 @@ def fresh_programs() -> None:
     equal kernels earlier inner sessions of this worker ran (jl.run reuses equal programs)."""
     import jax
 
-    from pytest_jaxlog.drive.memo import clear_caches
+    from pytest_jaxlog.drive.prepare.identity import clear_caches
 
     clear_caches()
     jax.clear_caches()

@@ -13,8 +13,8 @@ import pytest
 
 from pytest_jaxlog.cli import main
 from pytest_jaxlog.errors import JaxlogError
-from pytest_jaxlog.profiling.baselinefile import all_runs, find, read, save, saved_tests
-from pytest_jaxlog.profiling.machine import Machine
+from pytest_jaxlog.compare.baseline import all_runs, find, read, save, saved_tests
+from pytest_jaxlog.compare.baseline import Machine
 
 HERE = Machine("Test CPU 1", "cpu", "cpu", "0.10.2")
 THERE = Machine("Test CPU 2", "cpu", "cpu", "0.10.2")

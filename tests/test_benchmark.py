@@ -17,16 +17,16 @@ import pytest_jaxlog as jl
 import pytest_jaxlog.drive.benchmark as benchmark_module
 from examples.kernels.lj import make_lj, repeated
 from plugin_helpers import no_jaxlog_env  # noqa: F401  (no_jaxlog_env: an autouse fixture)
-from pytest_jaxlog.profiling.shared_program import operations, shared_program
-from pytest_jaxlog.profiling.stats import Interval, median, median_interval, min_repeats
-from pytest_jaxlog.profiling.verdict import detectable, verdict
+from pytest_jaxlog.profiling.speed import operations, shared_program
+from pytest_jaxlog.profiling.speed import Interval, median, median_interval, min_repeats
+from pytest_jaxlog.profiling.speed import detectable, verdict
 
 pytest_plugins = ["pytester"]
 
 # imported before the inner run: pytester drops modules first imported during a run
 import h5py  # noqa: E402,F401
 import pytest_jaxlog.drive.benchmark  # noqa: E402,F401
-import pytest_jaxlog.store.hdf5  # noqa: E402,F401
+import pytest_jaxlog.store.hdf5.writer  # noqa: E402,F401
 import pytest_jaxlog.profiling.timeline  # noqa: E402,F401
 
 # per repeat (seconds per run): the kernel, the reference; ratios of the fastest 2, 2, 1, 3, 1.2, 1.1, 2.5, 0.9, 1.3

@@ -17,19 +17,19 @@ import pytest
 from plugin_helpers import no_jaxlog_env  # noqa: F401  (no_jaxlog_env: an autouse fixture)
 from pytest_jaxlog.cli import main
 from pytest_jaxlog.errors import JaxlogError
-from pytest_jaxlog.profiling.baseline import BenchmarkRegression, compare
-from pytest_jaxlog.profiling.baselinefile import read, save
-from pytest_jaxlog.profiling.machine import Machine, this_machine
-from pytest_jaxlog.profiling.ratio import mann_whitney_counts, ratio_interval
+from pytest_jaxlog.compare.baseline import BenchmarkRegression, compare
+from pytest_jaxlog.compare.baseline import read, save
+from pytest_jaxlog.compare.baseline import Machine, this_machine
+from pytest_jaxlog.profiling.speed import mann_whitney_counts, ratio_interval
 
 pytest_plugins = ["pytester"]
 
 # imported before the inner runs: pytester drops modules first imported during a run
 import h5py  # noqa: E402,F401
 import pytest_jaxlog.drive.benchmark  # noqa: E402,F401
-import pytest_jaxlog.profiling.baseline  # noqa: E402,F401
+import pytest_jaxlog.compare.baseline  # noqa: E402,F401
 import pytest_jaxlog.profiling.timeline  # noqa: E402,F401
-import pytest_jaxlog.store.hdf5  # noqa: E402,F401
+import pytest_jaxlog.store.hdf5.writer  # noqa: E402,F401
 
 # a 96x96 matrix product per step: milliseconds of device work per run, well above jl.run's own; timed
 # against a reference beside it that shares no code with the kernel (its own product and elementwise
@@ -93,7 +93,7 @@ def test_a_slowed_kernel_fails_the_comparison_and_the_same_kernel_passes(pyteste
     slow = _session(pytester, "--jaxlog-benchmark-compare=base", "--jaxlog-benchmark-compare-fail=50")
     slow.assert_outcomes(failed=2)
     slow.stdout.re_match_lines([
-        r"E +pytest_jaxlog\.profiling\.baseline\.BenchmarkRegression: \[jaxlog\] benchmark 'benchmark' of "
+        r"E +pytest_jaxlog\.compare\.baseline\.BenchmarkRegression: \[jaxlog\] benchmark 'benchmark' of "
         r"test_k\.py::test_fast is slower than saved run 0001_base: [\d,.]+ steps/s now vs [\d,.]+ steps/s saved; "
         r"time relative to its reference x[\d.]+ the saved \(9\d\.\d% interval \[[\d.]+, [\d.]+\]; Hodges-Lehmann ratio .*, 6 repeats "
         r"now, 6 saved\), which lies wholly above the 1\.500 allowed \(--jaxlog-benchmark-compare-fail=50\)\. If the "
@@ -381,7 +381,7 @@ def test_a_comparison_that_cannot_tell_repeats_shows_it_and_fails_only_when_aske
     assert props["jaxlog.baseline_verdict"] == "cannot tell" and props["jaxlog.repeats"] == "32"
     assert float(props["jaxlog.baseline_detectable"]) == pytest.approx(c["detectable"], rel=1e-5)
 
-    message = (r"E +pytest_jaxlog\.profiling\.baseline\.BenchmarkRegression: \[jaxlog\] cannot tell whether benchmark "
+    message = (r"E +pytest_jaxlog\.compare\.baseline\.BenchmarkRegression: \[jaxlog\] cannot tell whether benchmark "
                r"'benchmark' of test_w\.py::test_tiny is slower than saved run 0001_wide at this noise: .* which holds "
                r"the 1\.100 allowed \(--jaxlog-benchmark-compare-fail=10\); the comparison could only have detected "
                r"x[\d.e+]+ or more\. .*: --jaxlog-benchmark-inconclusive=pass$")
@@ -457,7 +457,7 @@ def test_assert_not_slower_fails_on_cannot_tell_only_where_asked(pytester):
 
 def test_the_flag_messages_name_is_the_plugins_option():
     from pytest_jaxlog.harness.baselines import INCONCLUSIVE, OPTIONS
-    from pytest_jaxlog.profiling.verdict import INCONCLUSIVE_CHOICES, INCONCLUSIVE_FLAG
+    from pytest_jaxlog.profiling.speed import INCONCLUSIVE_CHOICES, INCONCLUSIVE_FLAG
 
     opt = OPTIONS["benchmark_inconclusive"]
     assert (opt.flag_name, opt.env, opt.ini_name) == (INCONCLUSIVE_FLAG, "JAXLOG_BENCHMARK_INCONCLUSIVE",

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import pytest_jaxlog as jl
-from pytest_jaxlog.drive import program
+from pytest_jaxlog.drive.device import program
 
 GPU_BLOCK = program.BLOCK["gpu"]
 

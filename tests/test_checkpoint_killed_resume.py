@@ -29,7 +29,7 @@ CHILD = textwrap.dedent(
     import sys, time
     import jax.numpy as jnp
     import pytest_jaxlog as jl
-    from pytest_jaxlog.store.hdf5 import HDF5Writer
+    from pytest_jaxlog.store.hdf5.writer import HDF5Writer
 
 
     def step(s):

@@ -305,7 +305,7 @@ def test_usage_errors_name_their_cause(runs, tmp_path):
 def test_a_resume_reads_only_the_checkpoints_it_needs(runs):
     """Newest first: the newest checkpoint both parts hold whole is read once from each part, the
     older ones not at all (a resume of a long run with large states reads one state, not all)."""
-    from pytest_jaxlog.drive.partresume import _Checkpoints
+    from pytest_jaxlog.drive.checkpoints.partresume import _Checkpoints
 
     d = runs["dir"] / "full"
     checkpoints = _Checkpoints([jl.load(d / f"t.h5.p{i}") for i in range(2)])

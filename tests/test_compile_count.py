@@ -112,7 +112,7 @@ def test_the_same_program_compiled_twice_counts_twice_and_says_why():
 
 
 def test_a_differing_argument_is_named():
-    from pytest_jaxlog.drive.program import Signature
+    from pytest_jaxlog.drive.device.program import Signature
 
     a = Signature.of(({"t": jnp.float32(0.0), "x": jnp.ones(3)}, None))
     b = Signature.of(({"t": jax.device_put(jnp.float32(0.0), DEVICE), "x": jnp.ones(3)}, None))

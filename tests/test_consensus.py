@@ -1,4 +1,4 @@
-"""``drive.consensus``: the stop vote and ``gather``, on 4 host CPU devices in one process (the
+"""``drive.prepare.sharding``: the stop vote and ``gather``, on 4 host CPU devices in one process (the
 vote's program, its verdicts and its spacing; tests/test_checkpoint_processes.py votes across two
 processes, one of them SIGTERMed)."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 from test_sharding import _run_program
 
 BODY = """
-    from pytest_jaxlog.drive import consensus, shards
-    from pytest_jaxlog.drive.consensus import StopVote
+    from pytest_jaxlog.drive.prepare import sharding as consensus, sharding as shards
+    from pytest_jaxlog.drive.prepare.sharding import StopVote
 
     x = jax.device_put(np.arange(8, dtype=np.float32), sharded)
     vote = StopVote(shards.replicated_on(x))

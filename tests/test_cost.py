@@ -12,7 +12,7 @@ import pytest
 
 import pytest_jaxlog as jl
 from examples.kernels.lj import LJState, _pair_terms, box_length, make_lj
-from pytest_jaxlog.profiling import costfile
+from pytest_jaxlog.compare import cost as costfile
 from pytest_jaxlog.profiling.cost import METRICS, count_kernels
 
 N_SIDE, DT = 4, 0.005
@@ -193,7 +193,7 @@ def test_cost_regression_is_an_assertion_and_a_jaxlog_error():
 
 
 def test_check_cost_takes_a_run_or_a_cost_and_names_anything_else():
-    from pytest_jaxlog.harness.costs import _cost_of
+    from pytest_jaxlog.harness.goldens import _cost_of
 
     x = jnp.ones(4)
     c = jl.cost(lambda x: x * 2, x)

@@ -16,10 +16,10 @@ pytest_plugins = ["pytester"]
 import h5py  # noqa: E402,F401
 import jax.numpy  # noqa: E402,F401
 import pytest_jaxlog.drive.run  # noqa: E402,F401
-import pytest_jaxlog.drive.cost  # noqa: E402,F401
-import pytest_jaxlog.profiling.costfile  # noqa: E402,F401
-import pytest_jaxlog.harness.costs  # noqa: E402,F401
-import pytest_jaxlog.store.hdf5  # noqa: E402,F401
+import pytest_jaxlog.drive.host.result  # noqa: E402,F401
+import pytest_jaxlog.compare.cost  # noqa: E402,F401
+import pytest_jaxlog.harness.goldens  # noqa: E402,F401
+import pytest_jaxlog.store.hdf5.writer  # noqa: E402,F401
 import pytest_jaxlog.profiling.timeline  # noqa: E402,F401
 from cost_kernel import CHEAPER, GOLDEN, KERNEL, PLAIN, TWICE  # noqa: E402
 

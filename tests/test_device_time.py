@@ -15,7 +15,7 @@ import pytest
 import pytest_jaxlog as jl
 from examples.kernels.lj import make_lj
 from pytest_jaxlog.errors import JaxlogError
-from pytest_jaxlog.profiling.device_time import device_seconds
+from pytest_jaxlog.profiling.window import device_seconds
 
 H200 = Path(__file__).parent.parent / "fixtures" / "traces" / "h200-lj512-window.perfetto_trace.json.gz"
 

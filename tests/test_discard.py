@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from pytest_jaxlog.harness.discard import Discard
+from pytest_jaxlog.harness.artifacts import Discard
 
 
 def _gone(path: Path, within: float = 60.0) -> bool:

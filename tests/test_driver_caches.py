@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 import pytest_jaxlog as jl
-import pytest_jaxlog.drive.recorder  # noqa: F401 - its caches registered too
+import pytest_jaxlog.drive.host.recorder  # noqa: F401 - its caches registered too
 import pytest_jaxlog.drive.run  # noqa: F401
-from pytest_jaxlog.drive import memo
-from pytest_jaxlog.drive.memo import Cache, caches, clear_caches
+from pytest_jaxlog.drive.prepare import identity as memo
+from pytest_jaxlog.drive.prepare.identity import Cache, caches, clear_caches
 
 
 def _kernels():

@@ -113,7 +113,7 @@ def test_warn_or_record_goes_on_and_warns_once_per_invariant_at_the_callers_line
 def test_timeline_counters_cover_scalar_and_bool_records_and_stop_at_the_violation(drive, tmp_path, monkeypatch):
     """A counter per scalar record (bool ones too), with exactly the frames the file holds: after
     a violation nothing past the violating step reaches the .pftrace; a marker names the step."""
-    from pytest_jaxlog.drive import chunks
+    from pytest_jaxlog.drive.device import chunks
 
     monkeypatch.setattr(chunks, "FEED_INTERVAL_S", 0.0)  # jl.run pulls every chunk, as when each takes long
     tl = jl.Timeline()

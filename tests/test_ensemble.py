@@ -11,7 +11,7 @@ import pytest
 from scipy.signal import lfilter
 
 import pytest_jaxlog as jl
-from pytest_jaxlog.check.ensemble import compare_ensembles
+from pytest_jaxlog.check.statistics import compare_ensembles
 
 
 def chains(seed, rho=0.9, n=8000, m=4, shift=0.0, scale=1.0):

@@ -15,7 +15,7 @@ import pytest
 
 import pytest_jaxlog as jl
 from plugin_helpers import no_jaxlog_env  # noqa: F401  (no_jaxlog_env: an autouse fixture)
-from pytest_jaxlog.harness import ess_goldens
+from pytest_jaxlog.harness import goldens as ess_goldens
 
 pytest_plugins = ["pytester"]
 
@@ -24,8 +24,8 @@ import h5py  # noqa: E402,F401
 import jax  # noqa: E402,F401
 import jax.numpy  # noqa: E402,F401
 import numpy.fft  # noqa: E402,F401  (the ESS's autocovariances: a C extension loads once per process)
-import pytest_jaxlog.drive.run, pytest_jaxlog.check.ess  # noqa: E401,E402,F401
-import pytest_jaxlog.store.hdf5, pytest_jaxlog.profiling.timeline  # noqa: E401,E402,F401
+import pytest_jaxlog.drive.run, pytest_jaxlog.check.statistics  # noqa: E401,E402,F401
+import pytest_jaxlog.store.hdf5.writer, pytest_jaxlog.profiling.timeline  # noqa: E401,E402,F401
 
 RUN = ("-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning")
 GOLDEN = "fixtures/golden/test_s.test_sampler.ess.json"

@@ -256,7 +256,7 @@ def test_a_golden_of_a_sharded_run_matches_the_scan_and_catches_a_change(kind, t
     """A golden written from a run on the mesh holds the scan's values; the same run matches it,
     and a kernel 1% off fails it, naming the record."""
     out = _run_program(textwrap.dedent(KERNEL) + textwrap.dedent(f"""
-        from pytest_jaxlog.golden import check_golden
+        from pytest_jaxlog.compare.golden import check_golden
         from pytest_jaxlog.errors import JaxlogError
         mesh, state = make({kind!r})
         golden = {str(tmp_path / "g.h5")!r}

@@ -10,7 +10,7 @@ import numpy as np
 from plugin_helpers import no_jaxlog_env  # noqa: F401  (an autouse fixture)
 
 import pytest_jaxlog as jl
-from pytest_jaxlog.golden import diff_trajectories
+from pytest_jaxlog.compare.golden import diff_trajectories
 
 for _name in jl.__all__:  # every jaxlog module loaded now, so classes stay the same objects across inline runs
     getattr(jl, _name)

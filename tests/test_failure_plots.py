@@ -17,9 +17,9 @@ import numpy as np
 
 import pytest_jaxlog as jl
 from plugin_helpers import no_jaxlog_env  # noqa: F401  (an autouse fixture)
-from pytest_jaxlog.check.cost_plot import CostBar, draw_cost
-from pytest_jaxlog.check.golden_plot import draw_golden_diff
-from pytest_jaxlog.golden import diff_trajectories
+from pytest_jaxlog.compare.cost import CostBar, draw_cost
+from pytest_jaxlog.compare.golden import draw_golden_diff
+from pytest_jaxlog.compare.golden import diff_trajectories
 
 pytest_plugins = ["pytester"]
 
@@ -28,13 +28,13 @@ import h5py  # noqa: E402,F401
 import matplotlib.figure  # noqa: E402,F401
 from matplotlib.backends import backend_agg  # noqa: E402,F401
 import pytest_jaxlog.drive.run  # noqa: E402,F401
-import pytest_jaxlog.drive.cost  # noqa: E402,F401
-import pytest_jaxlog.harness.costs  # noqa: E402,F401
-import pytest_jaxlog.harness.failure_plots  # noqa: E402,F401
+import pytest_jaxlog.drive.host.result  # noqa: E402,F401
 import pytest_jaxlog.harness.goldens  # noqa: E402,F401
-import pytest_jaxlog.profiling.costfile  # noqa: E402,F401
+import pytest_jaxlog.harness.report  # noqa: E402,F401
+import pytest_jaxlog.harness.goldens  # noqa: E402,F401
+import pytest_jaxlog.compare.cost  # noqa: E402,F401
 import pytest_jaxlog.profiling.timeline  # noqa: E402,F401
-import pytest_jaxlog.store.hdf5  # noqa: E402,F401
+import pytest_jaxlog.store.hdf5.writer  # noqa: E402,F401
 
 RUN = ("-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning")
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -192,7 +192,7 @@ def test_cli_plot_marks_a_step_on_the_named_record(tmp_path):
 
 
 def test_an_aggregate_violation_draws_its_window_and_the_statistic_across_it():
-    from pytest_jaxlog.check.plot import draw_violation
+    from pytest_jaxlog.check.plots import draw_violation
 
     r = jl.run(_decay(1.01), jnp.ones(()), 100, record={"t": lambda s: s}, progress=False, on_violation="record",
                invariants=[jl.aggregate("t", "mean", hi=1.2, steps=jl.window(20, 80))])

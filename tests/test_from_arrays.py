@@ -17,7 +17,7 @@ from plugin_helpers import no_jaxlog_env  # noqa: F401  (no_jaxlog_env: an autou
 pytest_plugins = ["pytester"]
 
 import h5py  # noqa: E402,F401  (imported before the pytester runs: see test_golden_plugin)
-import pytest_jaxlog.drive.arrays, pytest_jaxlog.store.hdf5  # noqa: E401,E402,F401
+import pytest_jaxlog.drive.arrays, pytest_jaxlog.store.hdf5.writer  # noqa: E401,E402,F401
 
 DT = 0.05
 

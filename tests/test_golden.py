@@ -13,7 +13,7 @@ from hypothesis.extra import numpy as hnp
 
 import pytest_jaxlog as jl
 from pytest_jaxlog import Frames, LeafSpec, Schema
-from pytest_jaxlog.golden import check_golden, diff_trajectories, golden_name
+from pytest_jaxlog.compare.golden import check_golden, diff_trajectories, golden_name
 from pytest_jaxlog import MemorySink
 
 PROV = {"backend": "cpu", "x64": False, "device_kind": "cpu", "jax": "test"}
@@ -372,7 +372,7 @@ def test_check_golden_passes_every_option_through(tmp_path):
     """Each option of assert_trajectory_close changes check_golden's outcome the same way."""
     import inspect
 
-    from pytest_jaxlog.golden import COMPARISON_OPTIONS
+    from pytest_jaxlog.compare.golden import COMPARISON_OPTIONS
 
     shared = [n for n in inspect.signature(jl.assert_trajectory_close).parameters if n not in ("actual", "expected", "hint")]
     golden_sig = inspect.signature(check_golden).parameters

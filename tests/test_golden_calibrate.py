@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import pytest_jaxlog as jl
-from pytest_jaxlog.golden import check_golden, diff_trajectories
+from pytest_jaxlog.compare.golden import check_golden, diff_trajectories
 
 
 def heat_step(s):

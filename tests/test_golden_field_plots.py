@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import pytest_jaxlog as jl
-from pytest_jaxlog.check.golden_plot import draw_golden_diff, field_rank
-from pytest_jaxlog.golden import diff_trajectories
+from pytest_jaxlog.compare.golden import draw_golden_diff, field_rank
+from pytest_jaxlog.compare.golden import diff_trajectories
 
 pytest.importorskip("matplotlib")
 

@@ -11,15 +11,15 @@ import pytest
 
 import pytest_jaxlog as jl
 from plugin_helpers import no_jaxlog_env  # noqa: F401  (no_jaxlog_env: an autouse fixture)
-from pytest_jaxlog.profiling import baselinefile, costfile
+from pytest_jaxlog.compare import baseline as baselinefile, cost as costfile
 
 pytest_plugins = ["pytester"]
 
 # imported before the inner runs: pytester drops modules first imported during a run
 import h5py  # noqa: E402,F401
 import jax.numpy  # noqa: E402,F401
-import pytest_jaxlog.drive.run, pytest_jaxlog.drive.cost, pytest_jaxlog.harness.costs  # noqa: E401,E402,F401
-import pytest_jaxlog.store.hdf5, pytest_jaxlog.profiling.timeline  # noqa: E401,E402,F401
+import pytest_jaxlog.drive.run, pytest_jaxlog.drive.host.result, pytest_jaxlog.harness.goldens  # noqa: E401,E402,F401
+import pytest_jaxlog.store.hdf5.writer, pytest_jaxlog.profiling.timeline  # noqa: E401,E402,F401
 from cost_kernel import GOLDEN, KERNEL, PLAIN, TWICE  # noqa: E402
 
 RUN = ("-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning")

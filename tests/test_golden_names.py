@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 
-from pytest_jaxlog.golden import golden_name
+from pytest_jaxlog.compare.golden import golden_name
 from pytest_jaxlog.harness.fixture import file_stem
 
 

@@ -15,16 +15,16 @@ import pytest
 
 import pytest_jaxlog as jl
 from plugin_helpers import no_jaxlog_env  # noqa: F401  (no_jaxlog_env: an autouse fixture)
-from pytest_jaxlog.golden import check_golden
-from pytest_jaxlog.store.provenance import provenance
+from pytest_jaxlog.compare.golden import check_golden
+from pytest_jaxlog.store.hdf5.layout import provenance
 
 pytest_plugins = ["pytester"]
 
 # imported before the inner runs: pytester drops modules first imported during a run
 import jax  # noqa: E402
 import jax.numpy  # noqa: E402,F401
-import pytest_jaxlog.drive.run, pytest_jaxlog.profiling.timeline, pytest_jaxlog.store.hdf5  # noqa: E401,E402,F401
-import pytest_jaxlog.store.golden_entries  # noqa: E402,F401
+import pytest_jaxlog.drive.run, pytest_jaxlog.profiling.timeline, pytest_jaxlog.store.hdf5.writer  # noqa: E401,E402,F401
+import pytest_jaxlog.compare.golden_files  # noqa: E402,F401
 
 KERNEL = """
 import jax.numpy as jnp

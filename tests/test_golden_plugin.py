@@ -12,7 +12,7 @@ pytest_plugins = ["pytester"]
 # during a run, and jaxlib/h5py cannot be imported a second time in one process.
 import h5py  # noqa: E402,F401
 import jax.numpy  # noqa: E402,F401
-import pytest_jaxlog.drive.run, pytest_jaxlog.profiling.timeline, pytest_jaxlog.store.hdf5  # noqa: E401,E402,F401
+import pytest_jaxlog.drive.run, pytest_jaxlog.profiling.timeline, pytest_jaxlog.store.hdf5.writer  # noqa: E401,E402,F401
 
 KERNEL = """
 import jax.numpy as jnp

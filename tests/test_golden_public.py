@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import pytest_jaxlog as jl
-from pytest_jaxlog import golden
+from pytest_jaxlog.compare import golden
 
 
 def _decay(s):

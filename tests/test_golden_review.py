@@ -18,8 +18,8 @@ pytest_plugins = ["pytester"]
 # imported before the inner runs: pytester drops modules first imported during a run
 import h5py  # noqa: E402,F401
 import jax.numpy  # noqa: E402,F401
-import pytest_jaxlog.drive.run, pytest_jaxlog.profiling.timeline, pytest_jaxlog.store.hdf5  # noqa: E401,E402,F401
-import pytest_jaxlog.store.golden_entries, pytest_jaxlog.store.golden_pending  # noqa: E401,E402,F401
+import pytest_jaxlog.drive.run, pytest_jaxlog.profiling.timeline, pytest_jaxlog.store.hdf5.writer  # noqa: E401,E402,F401
+import pytest_jaxlog.compare.golden_files  # noqa: E401,E402,F401
 
 KERNEL = """
 import jax.numpy as jnp

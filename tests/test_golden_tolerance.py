@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import pytest_jaxlog as jl
-from pytest_jaxlog.golden import check_golden, golden_options
-from pytest_jaxlog.store.provenance import provenance
+from pytest_jaxlog.compare.golden import check_golden, golden_options
+from pytest_jaxlog.store.hdf5.layout import provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}

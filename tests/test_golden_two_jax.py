@@ -7,8 +7,8 @@ from pathlib import Path
 import jax
 import pytest
 
-from pytest_jaxlog.store import golden_entries, golden_info
-from pytest_jaxlog.store.provenance import provenance
+from pytest_jaxlog.compare import golden_files as golden_entries, golden_files as golden_info
+from pytest_jaxlog.store.hdf5.layout import provenance
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures/golden/examples.test_heat.test_heat_golden.h5"
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import pytest_jaxlog as jl
-from pytest_jaxlog.check.specs import from_spec, spec_of
+from pytest_jaxlog.check.invariants import from_spec, spec_of
 
 BUILT_IN = [
     jl.finite("x", "y"),

@@ -1,9 +1,14 @@
 """The package's folders are its layers, and imports only point down: read from the source.
 
-record (1) → check, store, profiling (2, never each other) → drive, golden (3) → cli, harness (4)
-→ plugin (5). ``errors`` (0) is below everything. The pytest side must not import jax, numpy,
-h5py or perfetto at load: users set ``XLA_FLAGS``/``JAX_*`` in conftest, after plugins load.
-Only the pytest side imports pytest; only ``__init__`` modules import package modules by name
+record (1) → logs (2) → check, store, profiling (3, never each other) → drive, compare (4) → cli,
+harness (5) → plugin (6) → the package itself (``import pytest_jaxlog``, ``from pytest_jaxlog
+import run``: 7, the top, whatever a lower layer would want of it). ``errors``, ``paths`` and
+``version`` (0) are below everything. Inside ``drive`` the phases rank too: prepare → device →
+checkpoints → host → the verbs at the folder's top (``run``, ``resume``, ``benchmark``...); an
+import under ``if TYPE_CHECKING:`` (annotations, never run) is not an arrow there. No folder holds
+more than 12 modules, the package at most 90. The pytest side must not import jax, numpy, h5py or
+perfetto at load: users set ``XLA_FLAGS``/``JAX_*`` in conftest, after plugins load. Only the
+pytest side imports pytest; only ``__init__`` modules import package modules by name
 (``importlib.import_module``), which the reading of import statements would not see; the lower
 layers load without starting jax. Each check is shown to fail on a module planted in a copy."""
 
@@ -21,13 +26,16 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pytest_jaxlog"
 
-RANK = {"errors": 0, "names": 0, "paths": 0, "record": 1, "logs": 2, "check": 3, "store": 3, "profiling": 3, "drive": 4, "golden": 4,
-        "cli": 5, "harness": 5, "plugin": 6, "__main__": 7}
+RANK = {"errors": 0, "paths": 0, "version": 0, "record": 1, "logs": 2, "check": 3, "store": 3, "profiling": 3, "drive": 4,
+        "compare": 4, "cli": 5, "harness": 5, "plugin": 6, "__init__": 7, "__main__": 8}
+DRIVE_PHASES = {"prepare": 0, "device": 1, "checkpoints": 2, "host": 3}  # the folder's own modules: 4
+MOST_MODULES_IN_A_FOLDER = 12
+MOST_MODULES = 90
 HEAVY = ("jax", "jaxlib", "numpy", "h5py", "perfetto", "ml_dtypes")
 
 # what only some parts of the package may do (names of layers, folders or top-level modules)
 PYTEST_ALLOWED = ("harness", "plugin")  # the pytest side; the core never imports pytest
-NO_JAX_AT_LOAD = ("errors", "names", "paths", "record", "check", "store", "profiling", "golden")  # importable without starting jax
+NO_JAX_AT_LOAD = ("errors", "paths", "version", "record", "check", "store", "profiling", "compare")  # importable without starting jax
 IMPORT_FUNCTIONS = ("import_module", "__import__")  # importlib.import_module(...), __import__(...)
 
 
@@ -99,10 +107,12 @@ def _string_import(node: ast.AST, here: list[str]) -> str | None:
 
 
 def _target_layer(module: str) -> str | None:
+    """The layer ``module`` is in; the package itself is the top layer (``__init__``); None
+    outside the package."""
     parts = module.split(".")
-    if parts[0] != "pytest_jaxlog" or len(parts) == 1:
+    if parts[0] != "pytest_jaxlog":
         return None
-    return parts[1]
+    return "__init__" if len(parts) == 1 else parts[1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -115,12 +125,45 @@ def bad_imports(path: Path, root: Path = PACKAGE) -> list[str]:
     bad = []
     for line, module in _imports(path, root=root):
         there = _target_layer(module)
-        if there is None or there == here or there == "__version__":
+        if there is None or there == here:
             continue
         if there not in RANK:
             bad.append(f"line {line}: {module} (unknown layer)")
         elif RANK[there] >= RANK[here]:
             bad.append(f"line {line}: {module} (layer {there}, rank {RANK[there]} >= {here}'s {RANK[here]})")
+    return bad
+
+
+def _type_checking_lines(path: Path) -> set[int]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for inner in node.body:
+                lines.update(range(inner.lineno, (inner.end_lineno or inner.lineno) + 1))
+    return lines
+
+
+def bad_phase_imports(path: Path, root: Path = PACKAGE) -> list[str]:
+    """Inside ``drive``: a phase importing a phase of its own rank or above, or the folder's top
+    (its verbs); imports under ``if TYPE_CHECKING:`` are not arrows."""
+    rel = path.relative_to(root)
+    if rel.parts[0] != "drive" or len(rel.parts) < 3:
+        return []  # not in drive, or one of its verbs (which may use every phase)
+    phase = rel.parts[1]
+    here = DRIVE_PHASES.get(phase, len(DRIVE_PHASES))
+    annotations_only = _type_checking_lines(path)
+    bad = []
+    for line, module in _imports(path, root=root):
+        parts = module.split(".")
+        if line in annotations_only or parts[:2] != ["pytest_jaxlog", "drive"]:
+            continue
+        there_name = parts[2] if len(parts) > 2 else "(the folder)"
+        if there_name == phase:
+            continue
+        there = DRIVE_PHASES.get(there_name, len(DRIVE_PHASES))
+        if there >= here:
+            bad.append(f"line {line}: {module} (drive's {there_name}, rank {there} >= {phase}'s {here})")
     return bad
 
 
@@ -146,7 +189,7 @@ def starts_heavy(path: Path, root: Path = PACKAGE) -> list[str]:
     directly or through a package layer that needs them."""
     heavy = [f"line {line}: {m}" for line, m in _imports(path, True, root) if m.split(".")[0] in HEAVY]
     heavy += [f"line {line}: {m} (a layer that needs jax at load)" for line, m in _imports(path, True, root)
-              if _target_layer(m) not in (None, "errors", "paths", "harness")]
+              if _target_layer(m) not in (None, "errors", "paths", "version", "harness")]
     return heavy
 
 
@@ -183,6 +226,25 @@ def test_every_module_belongs_to_a_known_layer():
 def test_imports_point_down(path):
     bad = bad_imports(path)
     assert not bad, f"{path.relative_to(PACKAGE)} imports from its own rank or above:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "drive").rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_drives_phases_import_only_earlier_phases(path):
+    bad = bad_phase_imports(path)
+    assert not bad, f"{path.relative_to(PACKAGE)} imports a later phase of drive:\n" + "\n".join(bad)
+
+
+def test_the_drive_phases_are_the_folders_of_drive():
+    folders = sorted(p.name for p in (PACKAGE / "drive").iterdir() if (p / "__init__.py").exists())
+    assert folders == sorted(DRIVE_PHASES)
+
+
+def test_no_folder_holds_more_than_12_modules_and_the_package_at_most_90():
+    counts = {folder: len(list(folder.glob("*.py"))) for folder in [PACKAGE, *PACKAGE.rglob("*")]
+              if folder.is_dir() and folder.name != "__pycache__"}
+    big = {str(f.relative_to(PACKAGE.parent)): n for f, n in counts.items() if n > MOST_MODULES_IN_A_FOLDER}
+    assert not big, f"folders over {MOST_MODULES_IN_A_FOLDER} modules: {big}; cut them by concern"
+    assert sum(counts.values()) <= MOST_MODULES, f"{sum(counts.values())} modules (at most {MOST_MODULES})"
 
 
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
@@ -252,6 +314,18 @@ PLANTED = {
     "import upward": ("profiling/planted_up.py", "from ..store import hdf5\n", bad_imports,
                       "pytest_jaxlog.store (layer store, rank 3 >= profiling's 3)"),
     "heavy plugin side": ("harness/planted_heavy.py", "import numpy as np\n", starts_heavy, "numpy"),
+    "the package from the store": ("store/planted_package.py", "from pytest_jaxlog import run\n", bad_imports,
+                                   "pytest_jaxlog (layer __init__, rank 7 >= store's 3)"),
+    "the package as jl": ("check/planted_jl.py", "def f():\n    import pytest_jaxlog as jl\n    return jl\n",
+                          bad_imports, "pytest_jaxlog (layer __init__, rank 7 >= check's 3)"),
+    "the package relatively": ("record/planted_relative_package.py", "from .. import run\n", bad_imports,
+                               "pytest_jaxlog.run (unknown layer)"),
+    "the version from the package": ("store/planted_version.py", "from .. import __version__\n", bad_imports,
+                                     "pytest_jaxlog.__version__ (unknown layer)"),
+    "a later phase of drive": ("drive/prepare/planted_up.py", "def f():\n    from ..host import loop\n    return loop\n",
+                               bad_phase_imports, "pytest_jaxlog.drive.host (drive's host, rank 3 >= prepare's 0)"),
+    "drive's verbs from a phase": ("drive/device/planted_verb.py", "from .. import run\n", bad_phase_imports,
+                                   "pytest_jaxlog.drive.run (drive's run, rank 4 >= device's 1)"),
 }
 
 

@@ -1,5 +1,5 @@
 """``LoggingSink`` lines cannot be forged: a record name holding a newline and terminal escapes
-is written escaped, as the command line writes it (one function, ``record.printable``), so each
+is written escaped, as the command line writes it (one function, ``record.values``), so each
 step stays one line and no escape reaches the log's reader raw."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 import pytest_jaxlog as jl
 from pytest_jaxlog.cli import _Printable
-from pytest_jaxlog.record.printable import printable
+from pytest_jaxlog.record.values import printable
 
 FORGED = "e\nstep 999: energy=0 \x1b]0;pwned\x07\x1b[2J\u202e"
 

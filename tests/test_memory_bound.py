@@ -1,4 +1,4 @@
-"""A run recording large arrays stays within the memory bound ``drive.memory`` states.
+"""A run recording large arrays stays within the memory bound ``drive.device.chunks`` states.
 
 Each case runs in a fresh process (peak resident memory, ``VmHWM``, is per process and never
 goes down), and its growth is measured against a process running the same kernel on the same
@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 import pytest_jaxlog as jl
-from pytest_jaxlog.drive.memory import bound, set_bytes
+from pytest_jaxlog.drive.device.chunks import bound, set_bytes
 
 MB = 2**20
 STEPS = 12
@@ -105,7 +105,7 @@ def test_peak_memory_within_the_bound(tmp_path, sink, mb):
     if sink == "hdf5":
         import h5py
 
-        from pytest_jaxlog.store.hdf5 import FRAME_CHUNK_BYTES
+        from pytest_jaxlog.store.hdf5.writer import FRAME_CHUNK_BYTES
 
         with h5py.File(path, "r") as f:  # a frame in chunks HDF5 checksums through small buffers
             chunks = f["observables/x/value"].chunks
@@ -127,7 +127,7 @@ def test_views_of_large_sets_equal_copies_of_small_ones(dtype):
     frames equal those of a run whose sets are copied and reused, and no frame changes later."""
     import jax.numpy as jnp
 
-    from pytest_jaxlog.drive.chunks import VIEW_BYTES
+    from pytest_jaxlog.drive.device.chunks import VIEW_BYTES
 
     dt = jnp.dtype(dtype)
     n = VIEW_BYTES // dt.itemsize // 2 + 1  # each set (3 rows and more) is past VIEW_BYTES
@@ -179,7 +179,7 @@ def test_one_set_in_flight_stops_and_judges_at_the_same_step():
     bad step, and the frames equal the step applied in numpy."""
     import jax.numpy as jnp
 
-    from pytest_jaxlog.drive.chunks import ONE_SET_BYTES
+    from pytest_jaxlog.drive.device.chunks import ONE_SET_BYTES
 
     n = ONE_SET_BYTES // 4
     x0 = jnp.zeros((n,), jnp.float32)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import pytest_jaxlog as jl
-from pytest_jaxlog.record.runmeta import MAX_BYTES, READ_MAX_BYTES
+from pytest_jaxlog.record.records import MAX_BYTES, READ_MAX_BYTES
 
 for _name in jl.__all__:  # every jaxlog module loaded now, so classes stay the same objects across inline runs
     getattr(jl, _name)

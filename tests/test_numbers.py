@@ -1,4 +1,4 @@
-"""One check of numeric arguments (record.numbers) serves every entry point: the same value is
+"""One check of numeric arguments (record.values) serves every entry point: the same value is
 accepted or refused alike everywhere, and the message names the argument and what it got."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import pytest_jaxlog as jl
-from pytest_jaxlog.record.numbers import check_count, check_step, is_integer, positive
+from pytest_jaxlog.record.values import check_count, check_step, is_integer, positive
 
 
 @pytest.mark.parametrize("value, ok", [(0, True), (3, True), (np.int32(4), True), (np.uint8(2), True), (True, False),

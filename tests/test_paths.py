@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from pytest_jaxlog.golden import display_path
+from pytest_jaxlog.compare.golden import display_path
 from pytest_jaxlog.paths import shown, use_project
 
 

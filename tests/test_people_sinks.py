@@ -14,7 +14,7 @@ import pytest
 import pytest_jaxlog as jl
 from pytest_jaxlog.record.frames import Frames, LeafSpec, Schema
 from pytest_jaxlog.record.schedule import every
-from pytest_jaxlog.store import tfevents
+from pytest_jaxlog.store import dashboards as tfevents
 
 
 from pendulums import BATCHED, STATE, energy, step  # the kernel the sink tests share

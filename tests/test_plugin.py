@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-import pytest_jaxlog.golden  # noqa: F401  (numpy: imported before pytester's in-process runs snapshot sys.modules)
+import pytest_jaxlog.compare.golden  # noqa: F401  (numpy: imported before pytester's in-process runs snapshot sys.modules)
 from pytest_jaxlog.harness.options import OPTIONS
 
 from plugin_helpers import no_jaxlog_env  # noqa: F401  (no_jaxlog_env: an autouse fixture)
@@ -38,7 +38,8 @@ def test_plugin_loads_without_heavy_imports():
     import subprocess
 
     modules = ["pytest_jaxlog.plugin"] + [f"pytest_jaxlog.harness.{m}" for m in
-                                          ("options", "session", "fixture", "goldens", "factory", "disabled")]
+                                          ("options", "session", "fixture", "goldens", "report", "processes", "devices",
+                                           "compile_cache", "baselines", "artifacts", "disabled")]
     code = (f"import sys, {', '.join(modules)}; "
             "print([m for m in ('jax', 'numpy', 'h5py', 'perfetto') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -465,7 +466,7 @@ def test_user_conftest_xla_flags_take_effect(pytester):
 def test_option_names_in_messages_come_from_the_options_table():
     """golden.py sits below the pytest side and cannot import the table; its one spelling of the
     regen flag is kept equal to the table's here."""
-    from pytest_jaxlog import golden
+    from pytest_jaxlog.compare import golden
     from pytest_jaxlog.harness import goldens
     from pytest_jaxlog.harness.options import OPTIONS
 

@@ -221,7 +221,7 @@ import time
 def pytest_runtest_logreport(report):
     # process 0 passed; it is inside pytest's report hooks when the parent stops it
     import jax
-    from pytest_jaxlog.drive.signals import NOTED
+    from pytest_jaxlog.drive.host.signals import NOTED
     if report.when == "teardown" and jax.process_count() == 2 and jax.process_index() == 0:  # (not the parent)
         print("process 0 reports its teardown", flush=True)
         while not NOTED.signum:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import pytest_jaxlog as jl
-from pytest_jaxlog.drive.predicates import Values, takes_values
+from pytest_jaxlog.drive.prepare.schema import Values, takes_values
 
 # -- an optimiser: plain gradient descent, the gradient norm as aux --------------------------------
 

@@ -170,7 +170,7 @@ def test_no_log_calls_still_closes_sinks():
 
 
 def test_recorder_to_hdf5(tmp_path):
-    pytest.importorskip("pytest_jaxlog.store.hdf5")
+    pytest.importorskip("pytest_jaxlog.store.hdf5.writer")
     path = tmp_path / "rec.h5"
     with jl.Recorder(RECORD, sinks=[jl.HDF5Writer(path)], flush_every=4) as rec:
         _loop(rec, 9)

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from plugin_helpers import no_jaxlog_env  # noqa: F401  (an autouse fixture)
-from pytest_jaxlog.harness.sparkline import MAX_POINTS, downsample, sparkline_svg
+from pytest_jaxlog.harness.report import MAX_POINTS, downsample, sparkline_svg
 
 pytest_plugins = ["pytester"]
 
@@ -35,8 +35,8 @@ import matplotlib.figure  # noqa: E402,F401
 from matplotlib.backends import backend_agg  # noqa: E402,F401
 import pytest_jaxlog.drive.run  # noqa: E402,F401
 import pytest_jaxlog.harness.report  # noqa: E402,F401
-import pytest_jaxlog.store.hdf5  # noqa: E402,F401
-import pytest_jaxlog.store.trajectory  # noqa: E402,F401
+import pytest_jaxlog.store.hdf5.writer  # noqa: E402,F401
+import pytest_jaxlog.store.hdf5.trajectory  # noqa: E402,F401
 import pytest_jaxlog.profiling.timeline  # noqa: E402,F401
 
 RUN = ("-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning")

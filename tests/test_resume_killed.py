@@ -37,8 +37,8 @@ CHILD = textwrap.dedent(
 
     import pytest_jaxlog as jl
     from pytest_jaxlog.drive import resume as resume_mod
-    from pytest_jaxlog.store.hdf5 import HDF5Writer
-    from pytest_jaxlog.store.swap import PendingSwap
+    from pytest_jaxlog.store.hdf5.writer import HDF5Writer
+    from pytest_jaxlog.store.hdf5.journal import PendingSwap
     import resume_helpers as k
 
     instant, path = sys.argv[1], sys.argv[2]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import pytest_jaxlog as jl
-from pytest_jaxlog.store.treedef import template
+from pytest_jaxlog.store.dtypes import template
 
 
 def _ctrl_c_after(step):

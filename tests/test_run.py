@@ -557,7 +557,7 @@ def test_progress_advances_by_steps():
 
 
 def test_hdf5_sink_trajectory_is_loaded(tmp_path):
-    pytest.importorskip("pytest_jaxlog.store.hdf5")
+    pytest.importorskip("pytest_jaxlog.store.hdf5.writer")
     path = tmp_path / "t.h5"
     r = jl.run(osc, STATE, 12, record={"e": energy, "x": jl.Record(positions, every=4)},
                sinks=[jl.HDF5Writer(path)], chunk=5, dt=0.1, progress=False)
@@ -757,7 +757,7 @@ def test_dispatches_pass_no_host_values(until):
 
 
 def test_kept_values_are_the_values_given_with_their_dtype():
-    from pytest_jaxlog.drive.scalars import KEEP, Scalars
+    from pytest_jaxlog.drive.device.chunks import KEEP, Scalars
 
     kept = Scalars(jax.device_put)
     zero, false = kept.one(np.int32(0)), kept.one(np.bool_(False))

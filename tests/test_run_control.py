@@ -299,7 +299,7 @@ def test_a_million_one_step_dispatches_are_made_as_the_run_goes_not_listed_up_fr
     and making them holds no list of them (a list of a million cost ~100 MB and 0.3 s up front)."""
     import tracemalloc
 
-    from pytest_jaxlog.drive.segments import segments as _segments
+    from pytest_jaxlog.drive.device.chunks import segments as _segments
 
     steps, window = 10**6, _Window(1000, 1009)
     tracemalloc.start()

@@ -98,7 +98,7 @@ def test_device_schedules_agree_with_the_host(schedule):
     give the host's answers, at small steps and near the int32 step counter's end."""
     import jax
 
-    from pytest_jaxlog.drive.program import INT32_MAX, device_next, device_schedule
+    from pytest_jaxlog.drive.device.program import INT32_MAX, device_next, device_schedule
 
     ks = np.concatenate([np.arange(0, 120), np.arange(INT32_MAX - 60, INT32_MAX)]).astype(np.int32)
     contains = np.asarray(jax.jit(jax.vmap(device_schedule(schedule)))(ks))
@@ -180,7 +180,7 @@ def test_a_custom_schedule_is_never_taken_as_starting_at_0_and_never_ending():
     with pytest.raises(jl.JaxlogError, match=r"_Powers.*last step"):
         sq.last_step()
     assert sq.progression() is None and sq.table() is None  # decided on the host
-    from pytest_jaxlog.drive.program import device_next, device_schedule
+    from pytest_jaxlog.drive.device.program import device_next, device_schedule
 
     assert device_schedule(sq) is None and device_next(sq) is None
     with pytest.raises(jl.JaxlogError, match=r"^\[jaxlog\] invariant aggregate\(x.*\): record 'x': schedule .*_Powers.* does not say its last"):

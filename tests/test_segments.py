@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import pytest_jaxlog as jl
-from pytest_jaxlog.golden import check_golden
+from pytest_jaxlog.compare.golden import check_golden
 
 SIZES = (3, 5, 8)
 G = len(SIZES)

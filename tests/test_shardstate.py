@@ -1,4 +1,4 @@
-"""``drive.shardstate``: a sharded state's blocks as a snapshot keeps them, and the global state
+"""``drive.checkpoints.checkpoint``: a sharded state's blocks as a snapshot keeps them, and the global state
 rebuilt from them, on 4 host CPU devices in a fresh interpreter (one process: each device's block
 is this process's; tests/test_checkpoint_processes.py runs it over two processes), on a mesh of
 explicit axes and on one of automatic axes."""
@@ -10,7 +10,7 @@ import pytest
 from test_sharding import AXIS_TYPES, KINDS, _run_program
 
 BODY = """
-    from pytest_jaxlog.drive import shardstate
+    from pytest_jaxlog.drive.checkpoints import checkpoint as shardstate
     from pytest_jaxlog.errors import JaxlogError
 
     x = jax.device_put(np.arange(32, dtype=np.float32).reshape(8, 4), sharded)  # rows over 4 devices

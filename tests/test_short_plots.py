@@ -14,10 +14,10 @@ import pytest
 from PIL import Image
 
 import pytest_jaxlog as jl
-from pytest_jaxlog.check.golden_plot import draw_golden_diff
-from pytest_jaxlog.check.plot import MARKERS_UP_TO, draw_violation
-from pytest_jaxlog.check.records_plot import RecordsPlot, draw_records
-from pytest_jaxlog.golden import diff_trajectories
+from pytest_jaxlog.compare.golden import draw_golden_diff
+from pytest_jaxlog.check.plots import MARKERS_UP_TO, draw_violation
+from pytest_jaxlog.check.plots import RecordsPlot, draw_records
+from pytest_jaxlog.compare.golden import diff_trajectories
 
 
 def _ticks_in_view(ax) -> list[float]:

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import pytest_jaxlog as jl
-from pytest_jaxlog.drive import signals
+from pytest_jaxlog.drive.host import signals
 
 
 def _ours_or_default() -> bool:
@@ -135,7 +135,7 @@ CHILD = textwrap.dedent("""
     import gc, json, os, signal, sys, time
     import jax.numpy as jnp
     import pytest_jaxlog as jl
-    from pytest_jaxlog.drive.signals import NOTED
+    from pytest_jaxlog.drive.host.signals import NOTED
 
     path, driver = sys.argv[1], sys.argv[2]
     seen = {"in_gc": False, "chunks_after": 0, "noted_at": None}

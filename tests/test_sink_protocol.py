@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import pytest_jaxlog as jl
-from pytest_jaxlog.drive.sinkset import SinkSet
+from pytest_jaxlog.drive.host.pipeline import SinkSet
 
 
 def _step(s):

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from pytest_jaxlog.errors import JaxlogError
-from pytest_jaxlog.store.hdf5 import HDF5Writer
-from pytest_jaxlog.store.stall import STALL_ENV
-from pytest_jaxlog.store.trajectory import load
+from pytest_jaxlog.store.hdf5.writer import HDF5Writer
+from pytest_jaxlog.store.hdf5.guards import STALL_ENV
+from pytest_jaxlog.store.hdf5.trajectory import load
 
 GUARD_S = 120  # a hang guard for the child, never the assertion
 REPO = Path(__file__).resolve().parents[1]
@@ -105,7 +105,7 @@ CHILD = textwrap.dedent(
     import os, sys
     import jax.numpy as jnp
     import pytest_jaxlog as jl
-    from pytest_jaxlog.store.hdf5 import HDF5Writer
+    from pytest_jaxlog.store.hdf5.writer import HDF5Writer
 
     case, path, trigger, steps, width = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
     writer = HDF5Writer(path, stall_timeout_s=1.0, flush_every_s=0, queue_bytes=4 * 4 * width)
@@ -306,7 +306,7 @@ def test_a_collection_on_the_io_thread_waiting_for_h5pys_lock_is_not_a_stall(tmp
     import h5py
     from h5py._objects import phil
 
-    from pytest_jaxlog.store.stall import GuardedDisk, stuck_calls
+    from pytest_jaxlog.store.hdf5.guards import GuardedDisk, stuck_calls
 
     other = h5py.File(tmp_path / "other.h5", "w")
     other["x"] = np.arange(3)

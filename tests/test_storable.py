@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import pytest_jaxlog as jl
 from pytest_jaxlog.record.frames import Schema
-from pytest_jaxlog.store.trajectory import _schema_from_json
+from pytest_jaxlog.store.hdf5.trajectory import _schema_from_json
 
 BAD_KEYS = ["..", ".", "", "a\x00b"]
 BAD_DT = [float("nan"), float("inf"), -float("inf"), "0.1", True]

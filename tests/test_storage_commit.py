@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 import pytest_jaxlog as jl
-from pytest_jaxlog.store import journal
+from pytest_jaxlog.store.hdf5 import journal
 
 sys.path.insert(0, str(Path(__file__).parent))
 from commit_faults import (SCHEMA, Acks, CountingDisk, LossyDisk, check_file, frames, old_journal,  # noqa: E402
@@ -174,7 +174,7 @@ class _NamingDisk(journal.Disk):
 @pytest.mark.parametrize("durable", [True, False])
 def test_the_index_of_a_run_over_several_processes_is_synced_before_and_after_its_rename(tmp_path, monkeypatch,
                                                                                        durable):
-    from pytest_jaxlog.store.parts import PartsWriter
+    from pytest_jaxlog.store.hdf5.parts import PartsWriter
 
     disk = _NamingDisk()
     monkeypatch.setattr(journal, "SYSTEM", disk)
@@ -192,7 +192,7 @@ LIVE_WRITER = """
 import sys, time
 sys.path.insert(0, sys.argv[2])
 from commit_faults import SCHEMA, frames
-from pytest_jaxlog.store.hdf5 import HDF5Writer
+from pytest_jaxlog.store.hdf5.writer import HDF5Writer
 w = HDF5Writer(sys.argv[1], flush_every_s=0.02)
 w.open(SCHEMA, {"provenance": {}, "scenario_run": 3})
 print("open", flush=True)

@@ -19,7 +19,7 @@ import pytest
 from storage_helpers import frames_for, simple_schema
 
 import pytest_jaxlog as jl
-from pytest_jaxlog.store.hdf5 import HDF5Writer
+from pytest_jaxlog.store.hdf5.writer import HDF5Writer
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -97,7 +97,7 @@ def test_second_writer_in_another_process_fails_naming_the_holder_and_touches_no
 def test_a_stale_lock_file_is_taken_over_with_only_the_new_holder_in_it(tmp_path):
     """A lock file a killed writer left (no lock held on it, a longer text in it) is locked and
     rewritten: it then names the new holder alone, and is gone once the file is done."""
-    from pytest_jaxlog.store.pathlock import lock_path
+    from pytest_jaxlog.store.hdf5.guards import lock_path
 
     path = tmp_path / "t.h5"
     lock_path(path).write_text("pid 1 on a machine long gone, running a command with a very long name " * 20)
@@ -182,7 +182,7 @@ KILL_CHILD = """
         warm = jl.HDF5Writer(os.path.join(tempfile.mkdtemp(), "warm.h5"))
         warm.open(schema, {"provenance": {}})
         warm.close("complete", steps_done=0)
-        from pytest_jaxlog.store import hdf5
+        from pytest_jaxlog.store.hdf5 import writer as hdf5
         hdf5._write_all = lambda fd, data: (os.pwrite(fd, data[:len(data) // 2], 0), die())  # half copied
     jl.HDF5Writer(path).open(schema, {"provenance": {"mark": 9}})
 """
@@ -336,7 +336,7 @@ def test_sigkill_in_a_tight_loop_never_leaves_an_unopenable_file(tmp_path):
 def test_close_returns_once_the_path_is_free(tmp_path):
     """The writer thread finishes the file, then frees the path; close() returns after both, so
     the same process can write that path again at once (it raced the lock's release)."""
-    from pytest_jaxlog.store.pathlock import lock_path
+    from pytest_jaxlog.store.hdf5.guards import lock_path
 
     path = tmp_path / "t.h5"
     schema = simple_schema()
@@ -357,7 +357,7 @@ def test_a_loser_that_locks_an_instant_before_the_holder_writes_its_name_still_n
     import threading
 
     from pytest_jaxlog.errors import WriterError
-    from pytest_jaxlog.store.pathlock import PathLock, lock_path
+    from pytest_jaxlog.store.hdf5.guards import PathLock, lock_path
 
     path = tmp_path / "t.h5"
     fd = os.open(lock_path(path), os.O_RDWR | os.O_CREAT, 0o644)

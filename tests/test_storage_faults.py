@@ -23,8 +23,8 @@ from storage_helpers import frames_for, simple_schema
 
 import pytest_jaxlog as jl
 from pytest_jaxlog.record.frames import Frames
-from pytest_jaxlog.store.hdf5 import HDF5Writer
-from pytest_jaxlog.store.trajectory import load
+from pytest_jaxlog.store.hdf5.writer import HDF5Writer
+from pytest_jaxlog.store.hdf5.trajectory import load
 
 GUARD_S = 60  # a hang guard, not a performance threshold
 REPO = Path(__file__).resolve().parents[1]
@@ -185,7 +185,7 @@ CHILD = textwrap.dedent(
     import sys, numpy as np
     from pytest_jaxlog.record.frames import Frames, LeafSpec, Schema
     from pytest_jaxlog.record.schedule import every
-    from pytest_jaxlog.store.hdf5 import HDF5Writer
+    from pytest_jaxlog.store.hdf5.writer import HDF5Writer
 
     path, mode = sys.argv[1], sys.argv[2]
     schema = Schema((LeafSpec("energy", "energy", (), np.dtype("float64"), every(1)),
@@ -357,7 +357,7 @@ TORN_CHILD = textwrap.dedent(
     import numpy as np
     from pytest_jaxlog.record.frames import Frames, LeafSpec, Schema
     from pytest_jaxlog.record.schedule import every
-    from pytest_jaxlog.store.hdf5 import HDF5Writer
+    from pytest_jaxlog.store.hdf5.writer import HDF5Writer
 
     w = HDF5Writer(sys.argv[1], flush_every_s=60.0)
     w.open(Schema((LeafSpec("x", "x", (8,), np.dtype("float32"), every(1)),)), {"provenance": {}})

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pytest_jaxlog.store.trajectory import load
+from pytest_jaxlog.store.hdf5.trajectory import load
 
 GUARD_S = 120  # a hang guard, not a performance threshold
 REPO = Path(__file__).resolve().parents[1]
@@ -27,7 +27,7 @@ CHILD = textwrap.dedent(
     import h5py, numpy as np
     import jax.numpy as jnp
     import pytest_jaxlog as jl
-    from pytest_jaxlog.store.hdf5 import HDF5Writer
+    from pytest_jaxlog.store.hdf5.writer import HDF5Writer
 
     never = threading.Event()
 

@@ -16,10 +16,10 @@ from storage_helpers import DTYPES, assert_bitwise, batches, frames_for, simple_
 
 import pytest_jaxlog as jl
 from pytest_jaxlog.record.frames import FORMAT_VERSION, Frames, LeafSpec, Schema
-from pytest_jaxlog.store.hdf5 import HDF5Writer
+from pytest_jaxlog.store.hdf5.writer import HDF5Writer
 from pytest_jaxlog.record.schedule import at, every, window
 from pytest_jaxlog.store.sinks import MemorySink
-from pytest_jaxlog.store.trajectory import Trajectory, load
+from pytest_jaxlog.store.hdf5.trajectory import Trajectory, load
 
 schedules = st.one_of(
     st.builds(every, st.integers(1, 4), st.integers(0, 5)),
@@ -393,7 +393,7 @@ def test_live_file_readable_from_another_process(tmp_path):
     w.open(schema, {})
     w.write(frames_for(schema, 0, 9))
     w.flush()
-    code = ("import sys; from pytest_jaxlog.store.trajectory import load; t = load(sys.argv[1]); "
+    code = ("import sys; from pytest_jaxlog.store.hdf5.trajectory import load; t = load(sys.argv[1]); "
             "print(t.status, t.steps_done, len(t['energy']))")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "t.h5")], capture_output=True, text=True,
                          check=True).stdout.split()
@@ -435,7 +435,7 @@ def test_count_between_matches_steps_between(schedule, lo, span):
 def test_chunk_rows_tile_known_lengths(frame_bytes, frames):
     """Known length: equal chunks of at most 512 KiB (or one frame) tiling the run, < 1 frame unused
     per chunk; unknown: at most 64 KiB (or one frame), at least 4 KiB or 64 frames."""
-    from pytest_jaxlog.store.hdf5 import _CHUNK_BYTES, _OPEN_CHUNK_BYTES, _chunk_rows
+    from pytest_jaxlog.store.hdf5.writer import _CHUNK_BYTES, _OPEN_CHUNK_BYTES, _chunk_rows
 
     rows = _chunk_rows(frame_bytes, frames)
     assert rows >= 1

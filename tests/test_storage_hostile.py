@@ -15,7 +15,7 @@ import pytest
 from storage_helpers import frames_for, simple_schema
 
 import pytest_jaxlog as jl
-from pytest_jaxlog.store.hdf5 import HDF5Writer
+from pytest_jaxlog.store.hdf5.writer import HDF5Writer
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import pytest_jaxlog as jl
-from pytest_jaxlog.store import parts
+from pytest_jaxlog.store.hdf5 import parts
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from index_blocks import make  # noqa: E402  (the benchmark's own index builder)

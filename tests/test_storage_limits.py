@@ -19,7 +19,7 @@ import pytest
 from storage_helpers import frames_for, simple_schema
 
 import pytest_jaxlog as jl
-from pytest_jaxlog.store.hdf5 import QUEUE_BYTES, HDF5Writer
+from pytest_jaxlog.store.hdf5.writer import QUEUE_BYTES, HDF5Writer
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}

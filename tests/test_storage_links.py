@@ -13,7 +13,7 @@ import pytest
 
 import pytest_jaxlog as jl
 from pytest_jaxlog.store import manifest
-from pytest_jaxlog.store.pathlock import lock_path
+from pytest_jaxlog.store.hdf5.guards import lock_path
 
 PRECIOUS = b"precious bytes that no run may overwrite\n" * 10
 

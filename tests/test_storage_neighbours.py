@@ -32,7 +32,7 @@ import pytest
 
 import pytest_jaxlog as jl
 from pytest_jaxlog.cli import main as cli
-from pytest_jaxlog.store import journal
+from pytest_jaxlog.store.hdf5 import journal
 
 sys.path.insert(0, str(Path(__file__).parent))
 from commit_faults import SCHEMA, frames, old_journal  # noqa: E402

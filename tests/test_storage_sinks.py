@@ -16,10 +16,10 @@ from storage_helpers import frames_for, simple_schema
 import pytest_jaxlog as jl
 from pytest_jaxlog.store.dtypes import check_frames, check_leaf_dtype, decode, encode, to_host
 from pytest_jaxlog.record.frames import Frames, LeafSpec, Schema
-from pytest_jaxlog.store.provenance import provenance
+from pytest_jaxlog.store.hdf5.layout import provenance
 from pytest_jaxlog.record.schedule import at, every
 from pytest_jaxlog.store.sinks import CallbackSink, CSVWriter, MemorySink
-from pytest_jaxlog.store.trajectory import Trajectory
+from pytest_jaxlog.store.hdf5.trajectory import Trajectory
 
 
 def _rows(path):
@@ -197,6 +197,6 @@ def test_provenance_fields():
 
 
 def test_storage_modules_do_not_import_jax():
-    code = ("import sys, pytest_jaxlog.store.hdf5, pytest_jaxlog.store.trajectory, pytest_jaxlog.store.sinks, "
-            "pytest_jaxlog.store.dtypes, pytest_jaxlog.store.provenance; assert 'jax' not in sys.modules, 'jax imported'")
+    code = ("import sys, pytest_jaxlog.store.hdf5.writer, pytest_jaxlog.store.hdf5.trajectory, pytest_jaxlog.store.sinks, "
+            "pytest_jaxlog.store.dtypes, pytest_jaxlog.store.hdf5.layout; assert 'jax' not in sys.modules, 'jax imported'")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -7,7 +7,7 @@ import numpy as np
 
 import pytest_jaxlog as jl
 from pytest_jaxlog.record.frames import Frames
-from pytest_jaxlog.store.owned import device_view, owned, owned_frames
+from pytest_jaxlog.store.protocol import device_view, owned, owned_frames
 
 
 def _device_rows():

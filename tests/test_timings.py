@@ -122,7 +122,7 @@ def test_a_runs_compilations_are_its_own_threads_counted_by_the_states_types(cac
     compilations); another thread's are not the run's."""
     import threading
 
-    from pytest_jaxlog.drive.compiles import run_timings
+    from pytest_jaxlog.drive.host.result import run_timings
 
     me = threading.current_thread().name
     tracker = CompileTracker("chunk_impl", read_args=False)

@@ -7,17 +7,17 @@ import pytest
 
 # Imported before pytester's in-process runs snapshot sys.modules (h5py cannot be imported twice).
 import h5py  # noqa: F401
-import pytest_jaxlog.golden  # noqa: F401
-import pytest_jaxlog.store.hdf5  # noqa: F401
+import pytest_jaxlog.compare.golden  # noqa: F401
+import pytest_jaxlog.store.hdf5.writer  # noqa: F401
 import pytest_jaxlog.store.sinks  # noqa: F401
-import pytest_jaxlog.store.trajectory  # noqa: F401
+import pytest_jaxlog.store.hdf5.trajectory  # noqa: F401
 
 pytest_plugins = ["pytester"]
 
 CHECKS = """
 import numpy as np
 import pytest_jaxlog as jl
-from pytest_jaxlog.golden import check_golden
+from pytest_jaxlog.compare.golden import check_golden
 from pytest_jaxlog import Frames, LeafSpec, Schema
 
 
@@ -84,7 +84,7 @@ def test_failing_checks_show_only_the_test_files_frames(pytester, style):
 
 # Imported before pytester's in-process runs snapshot sys.modules (jax is imported once per process).
 import jax  # noqa: E402,F401
-import pytest_jaxlog.drive.recorder  # noqa: E402,F401
+import pytest_jaxlog.drive.host.recorder  # noqa: E402,F401
 import pytest_jaxlog.drive.run  # noqa: E402,F401
 
 VIOLATIONS = """

@@ -14,8 +14,8 @@ from matplotlib.backends import backend_agg  # noqa: F401
 
 import pytest_jaxlog as jl
 import pytest_jaxlog.harness.fixture  # noqa: F401
-import pytest_jaxlog.store.trajectory  # noqa: F401
-from pytest_jaxlog.check.plot import HOW_TO_PLOT, draw_violation, plot_violation
+import pytest_jaxlog.store.hdf5.trajectory  # noqa: F401
+from pytest_jaxlog.check.plots import HOW_TO_PLOT, draw_violation, plot_violation
 
 pytest_plugins = ["pytester"]
 
@@ -92,7 +92,7 @@ def test_without_matplotlib_the_failure_says_how_to_get_the_plot(pytester):
     pytester.makeconftest("import sys\nsys.modules['matplotlib'] = None  # as if it were not installed\n")
     pytester.makepyfile(test_plotted=FAILING + """
 import pytest
-from pytest_jaxlog.check.plot import draw_violation
+from pytest_jaxlog.check.plots import draw_violation
 
 def test_drawing_says_what_to_install():
     with pytest.raises(jl.JaxlogError, match=r"no plot of the violation: pip install 'pytest-jaxlog\\[plot\\]'"):

@@ -2,7 +2,7 @@
 
 A ``lax.scan``'s stacked output, a diffrax solve saved at ``SaveAt(ts=...)``, a sampler's
 ``run_inference_algorithm`` states: arrays with a leading frame axis, already computed. They go
-through the same path as a run's frames (``drive.pipeline``: invariants, the first bad step
+through the same path as a run's frames (``drive.host.pipeline``: invariants, the first bad step
 named, sinks, the same file), so goldens, plots and reports work on them as on ``jl.run``'s.
 """
 
@@ -17,13 +17,13 @@ import jax
 import numpy as np
 
 from ..errors import JaxlogError
-from ..record import runmeta
+from ..record import records as runmeta
 from ..record.frames import Frames, Schema
-from ..record.numbers import check_dt
 from ..record.records import check_name
 from ..record.schedule import Schedule, at, window
-from .pipeline import Pipeline
-from .resolve import flatten_view, lane_leaves, n_systems_of
+from ..record.values import check_dt
+from .host.pipeline import Pipeline
+from .prepare.schema import flatten_view, lane_leaves, n_systems_of
 
 __all__ = ["from_arrays", "ArraysRun"]
 

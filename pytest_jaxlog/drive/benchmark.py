@@ -7,20 +7,20 @@ times the kernel and the reference alternately (``number`` times each, the order
 neither always runs first) and takes the ratio of their fastest runs (load only ever adds time:
 the fastest of a few runs is the least disturbed, and the two were disturbed alike); the
 benchmark judges the median of the repeats' ratios by its distribution-free confidence interval
-(``profiling.stats``) against a threshold ``than``: *slower* (the whole interval above it), *not
-slower* (the whole interval at or below it) or *cannot tell* (``profiling.verdict``). A verdict
+(``profiling.speed``) against a threshold ``than``: *slower* (the whole interval above it), *not
+slower* (the whole interval at or below it) or *cannot tell* (``profiling.speed``). A verdict
 that cannot tell is not a pass in disguise: it says the noise hid the answer, and ``detectable``
 says which slow-down the measurement could have seen.
 
 Why adaptive: a fixed number of repeats is too many on a quiet machine and too few under load.
 After ``repeats`` repeats the benchmark looks at the interval; while it cannot tell, it times
-``repeats`` more and looks again, up to ``max_repeats`` or the time budget (``profiling.sampling``:
+``repeats`` more and looks again, up to ``max_repeats`` or the time budget (``profiling.speed``:
 the looks are planned in advance and share the error, so looking again does not make noise come
 out "slower" more often than the interval's coverage says).
 
 Why a reference must be independent: the ratio cancels whatever slows both alike, the kernel's
 own regressions too when the reference runs the kernel's program. Such a reference is warned
-about when the benchmark starts (``profiling.shared_program``), and a comparison with a saved
+about when the benchmark starts (``profiling.speed``), and a comparison with a saved
 run does not take times relative to it.
 
 Timers. ``"wall"``: seconds around each run. ``"cpu"`` (CPU backend): the CPU seconds the whole
@@ -28,7 +28,7 @@ process spent in the run (``time.process_time``: every thread, XLA's compute thr
 which time spent waiting for a core another process holds does not add to: it moves less with the
 load than wall time, and it does not see the run's own waiting. ``"device"``: the seconds the
 accelerator was busy in each run, read from a JAX profiler trace of the run
-(``profiling.device_time``): on a GPU that moves much less with the load than wall time, and it
+(``profiling.trace``): on a GPU that moves much less with the load than wall time, and it
 measures the kernels, not the host around them. The CPU backend has no device tracks: there
 ``timer="device"`` is an error and ``"auto"`` is wall; on an accelerator ``"cpu"`` is an error
 (it would leave the device's work out).
@@ -44,13 +44,29 @@ from typing import Any, Callable
 import jax
 
 from ..errors import JaxlogError, JaxlogRuntimeWarning
-from ..profiling.device_time import device_seconds
-from ..profiling.sampling import DECIDED, FIXED, MOST_REPEATS, check_budget, next_look, plan
-from ..profiling.shared_program import operations, shared_program
-from ..profiling.stats import Interval, median, median_interval
+from ..profiling.speed import (
+    CANNOT_TELL,
+    DECIDED,
+    DEFAULT_THAN,
+    FIXED,
+    INCONCLUSIVE_CHOICES,
+    INCONCLUSIVE_FLAG,
+    MOST_REPEATS,
+    SLOWER,
+    Decision,
+    Interval,
+    check_budget,
+    check_than,
+    decide,
+    median,
+    median_interval,
+    next_look,
+    operations,
+    plan,
+    shared_program,
+)
 from ..profiling.timings import TimingAssertionError
-from ..profiling.verdict import (CANNOT_TELL, DEFAULT_THAN, INCONCLUSIVE_CHOICES, INCONCLUSIVE_FLAG, SLOWER,
-                                 Decision, check_than, decide)
+from ..profiling.window import device_seconds
 from .run import run as jl_run
 
 __all__ = ["benchmark", "Benchmark"]
@@ -68,7 +84,7 @@ class Benchmark:
     repeat, the kernel's fastest time over the reference's (above 1: slower); ``ratio`` their
     median and ``interval`` its confidence interval (None without a reference). ``verdict``:
     ``"slower"``, ``"not slower"`` or ``"cannot tell"`` at ``than``; ``detectable``: the smallest
-    ratio this interval's width could have shown to be above ``than`` (``profiling.verdict``).
+    ratio this interval's width could have shown to be above ``than`` (``profiling.speed``).
     ``looks``: how many looks at the interval were planned (each interval's coverage is shared
     among them); ``stop_reason``: why the repeating stopped (decided, max_repeats, budget, or fixed:
     nothing to decide). ``reference_shares``: why the reference is not independent of the kernel
@@ -324,7 +340,7 @@ def _as_timed(reference: Any, steps: int, run_kwargs: dict, timer: str = "wall")
 
 
 def _shares(step: Callable, state: Any, reference: Any, run_kwargs: dict) -> str | None:
-    """Why the reference runs the kernel's program (``profiling.shared_program``), or None. A step
+    """Why the reference runs the kernel's program (``profiling.speed``), or None. A step
     is traced as ``jl.run`` traces it anyway; a callable only where it is a jitted function
     (``jax.jit``), which calling it traces too: a plain callable may run anything, ``jl.run`` included,
     which tracing would call with abstract values."""

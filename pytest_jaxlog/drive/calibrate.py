@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..errors import JaxlogError
-from . import program
+from .device import program
 
 __all__ = ["Calibration", "calibrate"]
 

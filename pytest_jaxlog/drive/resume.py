@@ -1,4 +1,9 @@
-"""``jl.resume``: continue a checkpointed run in its own file, bit-for-bit."""
+"""What ``jl.resume`` takes from the file when the caller does not say it again: the key, ``dt``,
+the checkpoint schedule and the built-in invariants (their running state comes from the
+checkpoint either way). What a file cannot hold (the step function, the views, predicates,
+custom invariants, a custom pytree's type) the caller gives; a value given that differs from the
+file's is refused by ``checkpoint.check_against``, naming both.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +12,71 @@ from pathlib import Path
 from typing import Any, Callable
 
 import jax
+import numpy as np
 
+from ..check.invariants import from_spec
 from ..errors import JaxlogError, hide_frame_from_checks
 from ..record.records import normalize_records
-from ..record.schedule import check_count
-from ..store.treedef import beyond_dicts, template
-from .checkpoint import RESUME_MARK, prepare, rebuild_state
-from .partresume import prepare_parts, recorded_processes
-from .resume_defaults import from_file
+from ..record.schedule import check_count, schedule_from_json
+from ..store.dtypes import beyond_dicts, template, wrap_key_data
+from .checkpoints.checkpoint import RESUME_MARK, CheckpointMeta, prepare, rebuild_state
+from .checkpoints.partresume import prepare_parts, recorded_processes
 from .run import Run, resume_run
 
+__all__ = ['from_file']
+
+def from_file(kwargs: dict, meta: CheckpointMeta, where: str) -> dict:
+    """``kwargs`` (``jl.run``'s, as given to ``jl.resume``) with the key, ``dt``, ``checkpoint``
+    and ``invariants`` the file's run had, for those not given."""
+    out = dict(kwargs)
+    if "key" not in out and meta.key is not None:
+        out["key"] = _key(meta, where)
+    if "dt" not in out:
+        out["dt"] = meta.dt if meta.dt is not None else meta.schema.get("dt")
+    if "checkpoint" not in out:
+        out["checkpoint"] = _checkpoint(meta, where)
+    if "invariants" not in out:
+        out["invariants"] = _invariants(meta, where)
+    return out
+
+
+def _key(meta: CheckpointMeta, where: str) -> Any:
+    try:
+        data = np.asarray(meta.key, dtype=np.uint32)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise JaxlogError(f"{where}: the file's key is not key data ({exc}); pass key= to jl.resume") from None
+    return data if meta.key_impl is None else wrap_key_data(data, meta.key_impl, f"{where}: the run's key")
+
+
+def _checkpoint(meta: CheckpointMeta, where: str) -> Any:
+    if meta.checkpoint is None:
+        raise JaxlogError(f"{where}: the file does not say its run's checkpoint schedule (it was written before "
+                          "checkpoints kept it): pass checkpoint=jl.every(n) (or checkpoint=None for no more "
+                          "checkpoints) to jl.resume")
+    try:
+        return schedule_from_json(meta.checkpoint)
+    except JaxlogError as exc:
+        raise JaxlogError(f"{where}: the file's checkpoint schedule is not valid ({str(exc).removeprefix('[jaxlog] ')}); "
+                          "pass checkpoint= to jl.resume") from None
+
+
+def _invariants(meta: CheckpointMeta, where: str) -> list:
+    names = [str(s.get("invariant")) if isinstance(s, dict) else "?" for s in meta.invariants]
+    if not names:
+        return []
+    specs = meta.invariant_specs
+    if specs is None or len(specs) != len(names):
+        raise JaxlogError(f"{where}: the file does not say how to rebuild the invariants its run checked (it was "
+                          f"written before checkpoints kept them): pass invariants= to jl.resume, the same "
+                          f"{len(names)} in the same order ({', '.join(names)})")
+    code = [name for name, spec in zip(names, specs) if spec is None]
+    if code:
+        raise JaxlogError(f"{where}: the file's run checked {', '.join(code)}, a function the file does not hold: "
+                          f"pass invariants= to jl.resume, all {len(names)} in the same order ({', '.join(names)})")
+    return [from_spec(spec, name, where) for name, spec in zip(names, specs)]
+
+# ---------------------------------------------------------------------------------------------
+# ``jl.resume``: continue a checkpointed run in its own file, bit-for-bit.
 
 def placed_like(state: Any, like: Any) -> Any:
     """The checkpoint's state placed as ``like``'s arrays are (a state sharded over a mesh resumes
@@ -42,7 +102,7 @@ def resume(path: str | os.PathLike, step: Callable, steps: int, *, like: Any = N
     step function, records, schedules, state structure, dtypes, key, dt, invariants or x64
     setting differ is refused, naming what differs (the given value and the file's). What the
     file holds need not be given again: the key, ``dt``, the checkpoint schedule and the built-in
-    invariants (``drive.resume_defaults``); the step and the views (``record=``, ``until=``, ...)
+    invariants (``drive.resume``); the step and the views (``record=``, ``until=``, ...)
     are code, which the file does not hold. ``like``: a state of the kernel's own type (e.g. the
     initial state), so the checkpoint comes back as namedtuples or dataclasses; states of dicts,
     tuples and lists need none. ``run.resumed_from``: the checkpoint's step.
@@ -55,7 +115,7 @@ def resume(path: str | os.PathLike, step: Callable, steps: int, *, like: Any = N
     trajectory too. The run's ``meta=`` is the file's (``traj.meta``): one given that differs is
     refused.
     """
-    from ..store.hdf5 import HDF5Writer
+    from ..store.hdf5.writer import HDF5Writer
 
     __tracebackhide__ = hide_frame_from_checks
     steps = check_count(steps, "steps", minimum=0)

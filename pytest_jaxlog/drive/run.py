@@ -1,13 +1,13 @@
 """``jl.run``: the fast driver. Chunks of steps run on the device in one compiled loop (see
-``drive.program``); records come out as device buffers and reach the host while the next chunk
+``drive.device.program``); records come out as device buffers and reach the host while the next chunk
 runs. No host callbacks in the step.
 
 Chunk ``i+1`` is dispatched before chunk ``i``'s outputs are pulled (JAX dispatch is async), so
 host work (frames, invariants, sinks) overlaps device work. With ``until=``, the stop flag
 travels from chunk to chunk on the device: the chunk dispatched ahead runs no step once it is set.
 
-The run itself is ``drive.loop.RunLoop``; what it works out before any step runs is
-``drive.resolution``; ``drive.config`` checks the arguments. Two entries besides ``jl.run``:
+The run itself is ``drive.host.loop.RunLoop``; what it works out before any step runs is
+``drive.device.plan``; ``drive.host.config`` checks the arguments. Two entries besides ``jl.run``:
 :func:`run_outcome` (the run's result or error as a value, with the partial run) and
 :func:`resume_run` (``jl.resume``'s, continuing from a checkpoint).
 """
@@ -20,13 +20,13 @@ from typing import Any, Callable
 
 from ..errors import hide_frame_from_checks
 from ..profiling.timings import CompileTracker
-from . import program
-from .checkpoint import ResumePoint
-from .config import RunConfig, configure
-from .loop import RunLoop
-from .resolution import DEFAULT_BUDGET, auto_chunk
-from .result import STOP_REASONS, Outcome, Run
-from .signals import sigterm_noted
+from .checkpoints.checkpoint import ResumePoint
+from .device import program
+from .device.plan import DEFAULT_BUDGET, auto_chunk
+from .host.config import RunConfig, configure
+from .host.loop import RunLoop
+from .host.result import STOP_REASONS, Outcome, Run
+from .host.signals import sigterm_noted
 
 __all__ = ["run", "Run", "auto_chunk", "run_outcome", "resume_run", "Outcome", "STOP_REASONS"]
 
@@ -130,7 +130,7 @@ def _execute(driver: RunLoop, state: Any) -> Run:
     __tracebackhide__ = hide_frame_from_checks
     cfg = driver.cfg
     # SIGTERM is noted and acted on at a chunk boundary (over several processes, once they agreed
-    # on the step: drive.consensus)
+    # on the step: drive.prepare.sharding)
     with sigterm_noted() as noted, driver.tracker:
         driver.noted = noted
         try:

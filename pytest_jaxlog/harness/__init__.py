@@ -1,17 +1,18 @@
-"""Layer 4, the pytest side; ``plugin.py`` only registers hooks that call into here.
+"""Layer 5, the pytest side; ``plugin.py`` only registers hooks that call into here.
 
 - ``options``: ``--jaxlog-*`` options, their ``JAXLOG_*`` variables and ini keys, the marker, ``Settings``
-- ``session``: the per-process session: artifact directories, outcomes, manifest, terminal summary, xdist merge
-- ``fixture``: the ``jaxlog`` fixture's object (runs, recorders, windows into one test's directory)
-- ``goldens``: ``check_golden`` from the test's side: regenerate, create missing, explain a missing golden
-- ``factory``: ``jaxlog_factory`` for hypothesis ``@given`` tests (one directory per example)
+- ``session``: the per-process session: artifact directories, outcomes, manifest, terminal summary, xdist
+  merge, and the errors that make a test *error* rather than fail
+- ``fixture``: the ``jaxlog`` fixture's object, and ``jaxlog_factory``'s for hypothesis ``@given`` tests
+- ``goldens``: trajectory, cost and ESS goldens from the test's side: regenerate, create missing, explain
+- ``baselines``: benchmark baselines across sessions, from the test's side
 - ``devices``: ``@pytest.mark.jaxlog(devices=N)``: a test under N host CPU devices (a child pytest if need be)
-- ``processes``: ``@pytest.mark.jaxlog(processes=N)``: a test as N ``jax.distributed`` processes (child pytests)
-- ``fate``: those processes' shared fate: one fails or times out, all stop (SIGTERM, then SIGKILL)
-- ``group_reports``: the test's reports and manifest entry from its processes' reports
+- ``processes``: ``@pytest.mark.jaxlog(processes=N)``: a test as N ``jax.distributed`` processes, their
+  shared fate, and the test's reports from theirs
+- ``report``: the HTML report, the failing tests' plots and their JUnit attachments
+- ``artifacts``: artifact directories of tests that keep none, removed in the background, and the
+  evidence of earlier sessions
 - ``disabled``: the ``jaxlog_disabled`` plugin, active only under ``-p no:jaxlog``
 - ``compile_cache``: ``--jaxlog-compile-cache``: JAX's persistent compilation cache for the session
-- ``discard``: artifact directories of tests that keep none, removed in the background
 
-Imports no jax, numpy, h5py or perfetto at load.
-"""
+Imports no jax, numpy, h5py or perfetto at load."""

@@ -29,7 +29,7 @@ from ..errors import JaxlogError, JaxlogRuntimeWarning
 from .options import Option, lookup, parse_choice, what
 from .options import add_options as _add_options
 
-INCONCLUSIVE = ("pass", "fail")  # as profiling.verdict.INCONCLUSIVE_CHOICES (not imported at load)
+INCONCLUSIVE = ("pass", "fail")  # as profiling.speed.INCONCLUSIVE_CHOICES (not imported at load)
 DEFAULT_STORAGE = "jaxlog-benchmarks"  # under pytest's cache directory (.pytest_cache/d/)
 OPTIONS: dict[str, Option] = {
     o.key: o
@@ -69,7 +69,7 @@ class Baselines:
     (read on first use, in the process that runs the test), and the file saved at the end."""
 
     def __init__(self, config: pytest.Config, worker: Any):
-        from ..profiling.baselinefile import check_name  # lazy: the plugin imports no package layer at load
+        from ..compare.baseline import check_name  # lazy: the plugin imports no package layer at load
 
         self.worker = worker
         save, compare, fail = (_lookup(config, k) for k in ("benchmark_save", "benchmark_compare",
@@ -106,7 +106,7 @@ class Baselines:
     @staticmethod
     def name_for(state: Any, name: str | None) -> str:
         """The name a test's next benchmark is saved and compared under (checked before it is timed)."""
-        from ..profiling.baselinefile import check_name
+        from ..compare.baseline import check_name
 
         return _unique(state, check_name(name, "jaxlog.benchmark(name=...)") if name is not None else None)
 
@@ -122,8 +122,8 @@ class Baselines:
             return None
 
         def decided(result: Any) -> bool:
-            from ..profiling.baseline import compare
-            from ..profiling.verdict import CANNOT_TELL
+            from ..compare.baseline import compare
+            from ..profiling.speed import CANNOT_TELL
 
             entry = benchmark_entry(name, result, {})
             if _timer(saved) != entry["timer"]:
@@ -147,8 +147,7 @@ class Baselines:
         """A benchmark the test made (``name`` from ``name_for``): into its manifest entry, compared
         with the saved run when asked (``BenchmarkRegression`` when slower beyond the allowed
         percentage, or when it cannot tell and the session fails those)."""
-        from ..profiling.baseline import BenchmarkRegression, compare, failure_message
-        from ..profiling.machine import this_machine
+        from ..compare.baseline import BenchmarkRegression, compare, failure_message, this_machine
 
         __tracebackhide__ = True
         entry = benchmark_entry(name, result, this_machine().to_json())
@@ -176,8 +175,7 @@ class Baselines:
 
     def _load(self) -> Any:
         """The saved run compared with, found once per process; not found: the same error in every test."""
-        from ..profiling.baselinefile import find
-        from ..profiling.machine import this_machine
+        from ..compare.baseline import find, this_machine
 
         if self._baseline is None:
             try:
@@ -196,7 +194,7 @@ class Baselines:
     @staticmethod
     def properties(state: Any) -> list[tuple[str, str]]:
         """JUnit XML properties of a test's benchmarks and checked costs (``[name]`` after all but the default's)."""
-        from ..profiling.baselinefile import DEFAULT_NAME
+        from ..compare.baseline import DEFAULT_NAME
 
         props: list[tuple[str, str]] = []
         for b in state.benchmarks:
@@ -232,8 +230,7 @@ class Baselines:
 
     def save(self, entries: Iterable[dict]) -> None:
         """The controller (or a session without workers) writes one file per machine that benchmarked."""
-        from ..profiling.baselinefile import save, saved_tests
-        from ..profiling.machine import Machine
+        from ..compare.baseline import Machine, save, saved_tests
 
         if self.worker is not None or self.save_name is None or self.root is None:
             return
@@ -255,7 +252,7 @@ class Baselines:
 
     def summary_lines(self, entries: Iterable[dict], display: Callable[[Path], str]) -> list[str]:
         """The terminal summary's lines: what was saved, and the table of what moved."""
-        from ..profiling.baseline import compared_lines
+        from ..compare.baseline import compared_lines
 
         entries = list(entries)
         lines = list(self.problems)
@@ -325,7 +322,7 @@ def _bracket(iv: Any) -> str:
 
 
 def _unique(state: Any, name: str | None) -> str:
-    from ..profiling.baselinefile import DEFAULT_NAME
+    from ..compare.baseline import DEFAULT_NAME
 
     taken = {b["name"] for b in state.benchmarks}
     if name is not None:

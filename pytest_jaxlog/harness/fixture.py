@@ -12,9 +12,10 @@ import contextlib
 import re
 import shutil
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from ..errors import JaxlogError, JaxlogRuntimeWarning
 from .options import Settings, parse_profile
@@ -191,8 +192,8 @@ class JaxlogFixture:
     def _plot(self, violation: Any, name: str) -> None:
         """A PNG of the violation beside its run's files (manifest artifact ``plot``); without
         matplotlib, a note in the failure's report says how to get one."""
-        from ..check.plot import HOW_TO_PLOT, have_matplotlib, plot_violation
-        from ..store.trajectory import load
+        from ..check.plots import HOW_TO_PLOT, have_matplotlib, plot_violation
+        from ..store.hdf5.trajectory import load
 
         trajectory = self._run_files(name).get("trajectory")
         if trajectory is None or not hasattr(violation, "record"):
@@ -222,7 +223,7 @@ class JaxlogFixture:
         from ..check.violation import InvariantViolation
         from ..drive.run import run_outcome
         from ..errors import hide_frame_from_checks
-        from ..store.hdf5 import HDF5Writer
+        from ..store.hdf5.writer import HDF5Writer
 
         __tracebackhide__ = hide_frame_from_checks
         name = self._name(name)
@@ -317,7 +318,7 @@ class JaxlogFixture:
         """``jl.from_arrays`` writing ``<dir>/<name or trajectory[-i]>.h5``: arrays computed elsewhere
         checked and stored as this test's run (goldens, plots and reports as for ``run``)."""
         from ..drive.arrays import from_arrays as jl_from_arrays
-        from ..store.hdf5 import HDF5Writer
+        from ..store.hdf5.writer import HDF5Writer
 
         name = self._name(name)
         writer = HDF5Writer(self._file(name, ".h5"), **(writer_kwargs or {}))
@@ -351,8 +352,8 @@ class JaxlogFixture:
                  writer_kwargs: dict | None = None, **kwargs: Any) -> Any:
         """A ``jl.Recorder`` (Logger protocol, for hand-written loops) writing ``<dir>/<name>.h5``.
         Use it as a context manager; artifacts are gathered when it exits or at teardown."""
-        from ..drive.recorder import Recorder
-        from ..store.hdf5 import HDF5Writer
+        from ..drive.host.recorder import Recorder
+        from ..store.hdf5.writer import HDF5Writer
 
         name = self._name(name)
         writer = HDF5Writer(self._file(name, ".h5"), **(writer_kwargs or {}))
@@ -392,7 +393,7 @@ class JaxlogFixture:
         """Compare ``run.cost`` (or a ``jl.Cost``) with this platform's entry in
         ``<jaxlog_golden_dir>/<test id>[--name].cost.json``; ``jl.CostRegression`` names each metric that moved
         beyond ``rtol`` (either way). ``--jaxlog-regen``/``--jaxlog-create-goldens`` as for ``check_golden``."""
-        from .costs import check_cost
+        from .goldens import check_cost
 
         __tracebackhide__ = True
         return check_cost(self._session, self._state, self._goldens, run, rtol, metrics, name)
@@ -406,7 +407,7 @@ class JaxlogFixture:
         ``<jaxlog_golden_dir>/<test id>[--name].ess.json``: fails where it is below the stored rate by more
         than ``sigmas`` combined standard errors, and where the errors are too large to tell (unless
         ``inconclusive="pass"``). ``--jaxlog-regen``/``--jaxlog-create-goldens`` as for ``check_golden``."""
-        from .ess_goldens import check_ess
+        from .goldens import check_ess
 
         __tracebackhide__ = True
         return check_ess(self._session, self._state, self._goldens, values, record, per, unit, name, sigmas,
@@ -431,7 +432,7 @@ class JaxlogFixture:
 
     def load(self, name: str | None = None) -> Any:
         """``jl.load`` of this test's trajectory ``name`` (default: the first)."""
-        from ..store.trajectory import load
+        from ..store.hdf5.trajectory import load
 
         return load(self._file(name or "trajectory", ".h5"))
 
@@ -521,3 +522,62 @@ def _reemit(caught: list) -> None:
             warnings.warn(w.message, stacklevel=3)
         else:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+
+# ---------------------------------------------------------------------------------------------
+# The ``jaxlog_factory`` fixture's object, for hypothesis ``@given`` tests: a function-scoped
+# fixture would be shared by every example (hypothesis rejects it), so each example opens its own
+# ``jaxlog`` with ``with jaxlog_factory() as jaxlog:`` and gets its own directory.
+
+class JaxlogFactory:
+    """``with jaxlog_factory() as jaxlog:`` per hypothesis example. Each example gets
+    ``<test dir>/example-<n>``; a passing example's directory is removed (unless keep=all), a failing
+    one is kept, replacing the previous failing one (hypothesis replays the minimal failing example last)."""
+
+    def __init__(self, session: JaxlogSession):
+        self._session = session
+
+    @contextmanager
+    def __call__(self) -> Iterator[JaxlogFixture]:
+        item = self._session.current_item
+        if item is None:
+            raise JaxlogError("jaxlog_factory() must be used inside a running test")
+        state = self._session.state_for(item)
+        if state.pending_example is not None:  # a new example: the previous one passed
+            state.drop_example(state.pending_example)
+            state.pending_example = None
+        n = state.examples
+        state.examples += 1
+        d = state.dir / f"example-{n}"
+        fx = JaxlogFixture(self._session, state, d)
+        failed = False
+        try:
+            yield fx
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            try:
+                fx.close()
+            except BaseException:
+                failed = True
+                raise
+            finally:
+                _settle(state, d, failed)
+
+
+def _settle(state: TestState, d: Path, failed: bool) -> None:
+    """After an example: keep it (failed, keep=failed|all), remember it as pending (passed inside
+    `with`, the test may still fail after it), or remove it."""
+    keep = state.settings.keep
+    if keep == "all":
+        return
+    if failed and keep == "failed":
+        prev = state.kept_example
+        if prev is not None and prev != d:
+            state.drop_example(prev)
+        state.kept_example = d
+        return
+    if keep == "failed":  # passed inside `with`; removed when the next example starts or the test passes
+        state.pending_example = d
+        return
+    state.drop_example(d)

@@ -1,41 +1,343 @@
-"""``@pytest.mark.jaxlog(processes=N, devices=M)``: a test run as N ``jax.distributed`` processes.
+"""Shared fate of the child processes of one multi-process test.
 
-What a multi-process kernel needs a launcher for (Slurm, Kubernetes, ``mpirun``), a user can
-test on a laptop: the test runs in N child pytests on this machine (as ``devices=`` runs one),
-process *i* of N with ``jax.distributed`` started before the test module is imported (a
-coordinator on a free loopback port, CPU collectives through gloo) and M host CPU devices of its
-own. Each process's ``jaxlog`` fixture writes its part of the test's trajectory in the test's one
-directory (``jl.load`` reads the whole); timelines and profiles are per process.
-
-Shared fate (``harness.fate``): a failure in any process fails the test and stops the others;
-so does ``timeout=`` seconds (default ``DEFAULT_TIMEOUT_S``), SIGTERM first, SIGKILL after
-``fate.GRACE_S``. The report (``harness.group_reports``) labels each process's traceback and
-output. Under pytest-xdist the workers of a session take turns: one group runs at a time
-(``fate.cores_held``); grouping such tests with ``@pytest.mark.xdist_group`` and
-``--dist loadgroup`` also keeps the other workers' tests off the cores they wait for.
+The processes of a ``jax.distributed`` program wait for each other in every collective, so one
+that fails leaves the others blocked: without help a failing process turns into a hang. The
+parent watches every process's reports as they come (each child rewrites its report file after
+each phase) and, once one fails, lets it finish its own teardown (its files closed, its
+manifest entry made) for at most ``GRACE_S``, then stops the others: SIGTERM first (a child
+pytest turns it into an interrupt: its runs stop with their files ``stopped``), SIGKILL after
+``GRACE_S`` for one blocked in a collective, where no Python signal handler runs. A group that
+runs past its timeout is stopped the same way.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal
 
 import pytest
 
 from ..errors import JaxlogError
 from .devices import _child_nodeid, child_command, child_env, child_spec, forward_options
-from .fate import Member, cores_held, watch
-from .group_reports import Group, combine
 from .options import marker_settings
-from .session import STATE_KEY, TestState, safe_name
+from .session import STATE_KEY, TestState, _outcome, safe_name
+
+GRACE_S = 5.0  # a failing process's own teardown; then SIGTERM's lead time before SIGKILL
+POLL_S = 0.1
+
+
+@dataclass
+class Member:
+    """One process of the group: its child pytest, where it reports, what it printed."""
+
+    index: int
+    proc: subprocess.Popen
+    report: Path
+    output: Path
+    reports: list[dict] = field(default_factory=list)  # serialised TestReports, as the child wrote them
+    stopped: str | None = None  # SIGTERM or SIGKILL when the parent ended it
+
+    def read(self) -> None:
+        try:
+            data = json.loads(self.report.read_text())
+        except (OSError, ValueError):  # not written yet (each write is atomic: never half a file)
+            return
+        self.reports = list(data.get("reports", ()))
+
+    def failed(self) -> bool:
+        """A failed phase, or an exit with an error before reporting one (a crash, a usage error)."""
+        code = self.proc.poll()
+        return any(r.get("outcome") == "failed" for r in self.reports) or (code is not None and code != 0)
+
+    def finished(self) -> bool:
+        return self.proc.poll() is not None or any(r.get("when") == "teardown" for r in self.reports)
+
+    def tail(self, chars: int = 6000) -> str:
+        try:
+            text = self.output.read_text(errors="replace")
+        except OSError:
+            return ""
+        return text[-chars:]
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How the group ended: the process that failed first (None if none did), and whether the
+    group ran past its timeout."""
+
+    first_failed: int | None
+    timed_out: bool
+
+
+def watch(members: list[Member], timeout_s: float) -> Ending:
+    """Wait for every process; stop them all when one fails or the timeout passes."""
+    deadline = time.monotonic() + timeout_s
+    first: int | None = None
+    grace_until = 0.0
+    while True:
+        for m in members:
+            m.read()
+        if first is None:
+            first = next((m.index for m in members if m.failed()), None)
+            grace_until = time.monotonic() + GRACE_S
+        alive = [m for m in members if m.proc.poll() is None]
+        if not alive:
+            break
+        if first is not None and (members[first].finished() or time.monotonic() > grace_until):
+            stop([m for m in alive if m.index != first])
+            _let_finish(members[first], grace_until + GRACE_S)
+            break
+        if time.monotonic() > deadline:
+            stop(alive)
+            for m in members:
+                m.read()
+            return Ending(first, True)
+        time.sleep(POLL_S)
+    for m in members:
+        m.read()
+    return Ending(first, False)
+
+
+def _let_finish(m: Member, until: float) -> None:
+    """The failing process past its teardown is still writing its reports and its manifest entry:
+    a signal now would land inside pytest's report hooks (a traceback in its output, an entry
+    lost), so it is left to exit on its own until ``until``, and stopped only after that."""
+    while m.proc.poll() is None and time.monotonic() < until:
+        time.sleep(POLL_S)
+    if m.proc.poll() is None:
+        stop([m])
+
+
+def _signal(m: Member, sig: int) -> None:
+    """``sig`` to the child's process group (it started one: the test may have started processes too)."""
+    try:
+        os.killpg(m.proc.pid, sig)
+    except (AttributeError, ProcessLookupError, PermissionError):
+        try:
+            m.proc.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+
+def stop(members: list[Member]) -> None:
+    """SIGTERM to every member still running, SIGKILL to those alive ``GRACE_S`` later."""
+    for m in members:
+        if m.proc.poll() is None:
+            _signal(m, signal.SIGTERM)
+            m.stopped = "SIGTERM"
+    deadline = time.monotonic() + GRACE_S
+    for m in members:
+        try:
+            m.proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal(m, getattr(signal, "SIGKILL", signal.SIGTERM))
+            m.stopped = "SIGKILL"
+            m.proc.wait()
+
+
+@contextmanager
+def cores_held(base: Path) -> Iterator[None]:
+    """One multi-process test at a time for all sessions writing to ``base`` (the workers of one
+    xdist session share it): their N processes each want the machine's cores, and two groups
+    side by side only slow each other into their timeouts. No lock where ``fcntl`` is missing."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    digest = hashlib.sha1(str(base).encode()).hexdigest()[:16]
+    path = Path(tempfile.gettempdir()) / f"jaxlog-processes-{digest}.lock"
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+# ---------------------------------------------------------------------------------------------
+# One test's reports from the reports of its N processes.
+#
+# The test passes when every process passed; otherwise each failing phase's report holds every
+# failing process's traceback under its label (``process 1 of 2``), says which processes were
+# stopped and how, and carries what each process printed. The manifest entry is process 0's with
+# the others' files, violations and notes added and a ``processes`` list (each one's outcome, how
+# it ended, its runs); whether the test's directory is kept is decided here, once, from the
+# combined outcome (the processes keep everything: one passing process must not remove the
+# evidence of another's failure).
+
+Phase = Literal["setup", "call", "teardown"]
+PHASES: tuple[Phase, ...] = ("setup", "call", "teardown")
+
+
+@dataclass(frozen=True)
+class Group:
+    """What the reports are made from: the members, how they ended, the timeout, the test's
+    directory and ``keep`` setting, and a note on how the test ran."""
+
+    members: list[Member]
+    ending: Ending
+    timeout_s: float
+    directory: Path
+    keep: str
+    note: str
+
+    def label(self, i: int) -> str:
+        return f"process {i} of {len(self.members)}"
+
+
+def _loaded(config: pytest.Config, m: Member) -> dict[str, Any]:
+    out = {}
+    for d in m.reports:
+        r = config.hook.pytest_report_from_serializable(config=config, data=d)
+        out[r.when] = r
+    return out
+
+
+def _fate_lines(group: Group, per: list[dict[str, Any]]) -> list[str]:
+    """How each process that did not pass ended, one line each."""
+    lines = []
+    if group.ending.timed_out:
+        lines.append(f"[jaxlog] timeout: the {len(group.members)} processes of this test ran past "
+                     f"timeout={group.timeout_s:g} s and were stopped")
+    elif group.ending.first_failed is not None:
+        lines.append(f"[jaxlog] {group.label(group.ending.first_failed)} failed; the others were stopped")
+    # a process that reported its whole test may still die at its exit once another was stopped:
+    # process 0 hosts jax.distributed's coordination service, and its client in every other
+    # process aborts when it goes; that death says nothing about the test
+    stopped_any = any(m.stopped for m in group.members)
+    for m, reports in zip(group.members, per):
+        bad = [w for w in PHASES if w in reports and reports[w].failed]
+        if m.stopped:
+            how = f"stopped by {m.stopped}" + (" at the timeout" if group.ending.timed_out else "")
+        elif "teardown" not in reports or (m.proc.returncode not in (0, 1) and not stopped_any):
+            how = f"exited with code {m.proc.returncode} before reporting the test (its output below)"
+        else:
+            how = None
+        if bad or how:
+            what = ", ".join([f"failed in {w}" for w in bad] + ([how] if how else []))
+            lines.append(f"  {group.label(m.index)}: {what}")
+    return lines
+
+
+def _sections(group: Group, per: list[dict[str, Any]], when: Phase, failing: bool) -> list[tuple[str, str]]:
+    out = []
+    for m, reports in zip(group.members, per):
+        r = reports.get(when)
+        for name, text in (r.sections if r is not None else ()):
+            out.append((f"{name} ({group.label(m.index)})", text))
+        if failing and when == "call" and "call" not in reports:  # killed or crashed: what it printed
+            out.append((f"output of {group.label(m.index)}", m.tail() or "(nothing)"))
+    return out + [("jaxlog", group.note)]
+
+
+def _failed_report(item: pytest.Item, group: Group, per: list[dict[str, Any]], when: Phase,
+                   head: list[str]) -> pytest.TestReport:
+    parts = ["\n".join(head)]
+    for m, reports in zip(group.members, per):
+        r = reports.get(when)
+        if r is not None and r.failed:
+            parts.append(f"{'=' * 20} {group.label(m.index)}: {when} {'=' * 20}\n{r.longreprtext}")
+    return pytest.TestReport(item.nodeid, item.location, {}, "failed", "\n".join(parts), when,
+                             sections=_sections(group, per, when, True))
+
+
+def combine(item: pytest.Item, group: Group, session: Any) -> list[pytest.TestReport]:
+    """The test's setup, call and teardown reports, the teardown one with the manifest entry."""
+    per = [_loaded(item.config, m) for m in group.members]
+    head = _fate_lines(group, per)
+    failing = bool(head)
+    reports: dict[str, pytest.TestReport] = {}
+    for when in PHASES:
+        got = [p.get(when) for p in per]
+        if failing and (any(r is not None and r.failed for r in got) or (when == "call" and not any(
+                r is not None and r.failed for p in per for r in p.values()))):
+            reports[when] = _failed_report(item, group, per, when, head)
+        elif got[0] is not None and not failing:
+            r = got[0]
+            r.nodeid = item.nodeid
+            r.sections = _sections(group, per, when, False)
+            reports[when] = r
+        else:  # a phase that failed nowhere while the test failed (or process 0 never reached it)
+            reports[when] = pytest.TestReport(item.nodeid, item.location, {}, "passed", None, when,
+                                              sections=[("jaxlog", group.note)])
+        if when == "setup" and reports[when].failed or when == "call" and reports["setup"].skipped:
+            break  # pytest makes no call report after a failed or skipped setup
+    teardown = reports.get("teardown")
+    if teardown is None:
+        teardown = reports["teardown"] = pytest.TestReport(item.nodeid, item.location, {}, "passed", None, "teardown")
+    teardown.jaxlog = merged_entry(item, group, per, reports, session)  # type: ignore[attr-defined]  # read by the plugin's report hook
+    first_teardown = per[0].get("teardown")
+    if first_teardown is not None and teardown is not first_teardown:
+        teardown.user_properties = list(first_teardown.user_properties)
+    return [reports[w] for w in PHASES if w in reports]
+
+
+def merged_entry(item: pytest.Item, group: Group, per: list[dict[str, Any]], reports: dict[str, Any],
+                 session: Any) -> dict:
+    """Process 0's manifest entry (or a new one), with the others' files, the combined outcome, and
+    the test's directory kept or removed as ``keep`` says for that outcome."""
+    outcome = _outcome(reports, None)
+    if reports["teardown"].failed:
+        outcome = "error"
+    entries = [getattr(p.get("teardown"), "jaxlog", None) for p in per]
+    entry = dict(entries[0]) if isinstance(entries[0], dict) else session._entry(item, outcome, reports, None)
+    entry.update(nodeid=item.nodeid, outcome=outcome, worker=f"processes={len(group.members)}")
+    artifacts = dict(entry.get("artifacts") or {})
+    violations = list(entry.get("violations") or [])
+    notes = list(entry.get("notes") or [])
+    for i, e in enumerate(entries[1:], start=1):
+        if not isinstance(e, dict):
+            continue
+        for key, path in (e.get("artifacts") or {}).items():
+            if path not in artifacts.values():
+                artifacts[f"p{i}:{key}"] = path
+        violations += [v for v in e.get("violations") or () if v not in violations]
+        notes += [f"{group.label(i)}: {n}" for n in e.get("notes") or ()]
+    entry.update(artifacts=artifacts, violations=violations, notes=notes + _fate_lines(group, per))
+    entry["processes"] = [
+        {"index": m.index, "outcome": e.get("outcome") if isinstance(e, dict) else None,
+         "exit_code": m.proc.returncode, "stopped": m.stopped,
+         "runs": e.get("runs", []) if isinstance(e, dict) else []}
+        for m, e in zip(group.members, entries)
+    ]
+    failed_like = outcome in ("failed", "error", "xfailed", "xpassed")
+    kept = group.keep == "all" or (group.keep == "failed" and failed_like)
+    if not kept:
+        shutil.rmtree(group.directory, ignore_errors=True)
+    kept = kept and group.directory.exists()
+    entry.update(kept=kept, dir=session.manifest_path(group.directory) if kept else None)
+    if not kept:
+        entry["artifacts"] = {}
+    return entry
+
+# ---------------------------------------------------------------------------------------------
+# ``@pytest.mark.jaxlog(processes=N, devices=M)``: a test run as N ``jax.distributed`` processes.
+#
+# What a multi-process kernel needs a launcher for (Slurm, Kubernetes, ``mpirun``), a user can
+# test on a laptop: the test runs in N child pytests on this machine (as ``devices=`` runs one),
+# process *i* of N with ``jax.distributed`` started before the test module is imported (a
+# coordinator on a free loopback port, CPU collectives through gloo) and M host CPU devices of its
+# own. Each process's ``jaxlog`` fixture writes its part of the test's trajectory in the test's one
+# directory (``jl.load`` reads the whole); timelines and profiles are per process.
+#
+# Shared fate (``harness.processes``): a failure in any process fails the test and stops the others;
+# so does ``timeout=`` seconds (default ``DEFAULT_TIMEOUT_S``), SIGTERM first, SIGKILL after
+# ``fate.GRACE_S``. The report (``harness.processes``) labels each process's traceback and
+# output. Under pytest-xdist the workers of a session take turns: one group runs at a time
+# (``fate.cores_held``); grouping such tests with ``@pytest.mark.xdist_group`` and
+# ``--dist loadgroup`` also keeps the other workers' tests off the cores they wait for.
 
 DEFAULT_TIMEOUT_S = 600.0
 LOOPBACK = "127.0.0.1"
@@ -89,7 +391,7 @@ class ProcessesPlugin:
                 members.append(self._start(item, nodeid, work, i, n, devices, coordinator))
             ending = watch(members, timeout_s)
         except BaseException:  # Ctrl-C or SIGTERM here: the processes stop too
-            from .fate import stop
+            pass
 
             stop([m for m in members if m.proc.poll() is None])
             raise
@@ -255,13 +557,13 @@ class DistributedChild:
     (pytest reports it as one); anywhere else (pytest making or writing its reports, the
     terminal summary, the manifest) an exception would be raised inside pytest's hooks, an
     ``INTERNALERROR`` or a hook traceback in the process's output, so it is only noted there
-    (``drive.signals``: the session counts as recording) and acted on at the next phase, or by
+    (``drive.host.signals``: the session counts as recording) and acted on at the next phase, or by
     the exit. A process that failed or was stopped exits at once after its session (its reports
     and manifest written): the others are not at the shutdown barrier, and JAX's distributed
     client would wait for them there at interpreter exit until its shutdown timeout."""
 
     def __init__(self, session: Any, spec: dict):
-        from ..drive.signals import NOTED
+        from ..drive.host.signals import NOTED
 
         self.session = session
         self.spec = spec

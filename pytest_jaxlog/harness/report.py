@@ -1,19 +1,9 @@
-"""The session's HTML report (``.jaxlog/report.html``): one self-contained file a person opens
-from a CI artifact, offline: every jaxlog test of the session with its outcome, runs, steps/s,
-compiles and goldens; the failures first, each with its plots, message and files; small plots of
-each kept test's scalar records. The header counts this session's tests only; the entries earlier
-sessions left (marked stale in the manifest) are listed apart, each with its session, so a session
-that ran no jaxlog test never reads as one whose tests all passed.
+"""The pytest side of the session's HTML report: ``--jaxlog-report[=PATH]`` (``JAXLOG_REPORT``,
+ini ``jaxlog_report``), the failure messages it shows, writing it at the session's end, and the
+failing tests' plots as pytest-html extras.
 
-Built from the manifest (the merged one under xdist), the failure messages pytest reported and
-the kept trajectory files; plots are embedded as ``data:`` images, sparklines as inline SVG, the
-style inline, and there is no script at all. Every string that comes from a test, a record or a
-file is escaped, and a Content-Security-Policy allows nothing but inline styles and ``data:``
-images, so a hostile test id or record name can neither inject markup nor make the page load
-anything. The page stays small for a big session: ``MAX_EMBEDDED_PLOTS`` plots of at most
-``MAX_PLOT_BYTES`` each are embedded (the rest are linked), sparklines are drawn for at most
-``MAX_SPARK_TESTS`` tests, ``MAX_SPARKS_PER_TEST`` records each, ``sparkline.MAX_POINTS`` points each,
-and trajectories are read for them for ``MAX_SPARK_SECONDS`` at most.
+The report is written by the process that writes the manifest (the xdist controller, from the
+merged manifest), after it. A report that cannot be written is a warning, never a failed session.
 """
 
 from __future__ import annotations
@@ -21,12 +11,303 @@ from __future__ import annotations
 import base64
 import os
 import time
+import warnings
+from dataclasses import dataclass
 from html import escape
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Generator, Iterable
 from urllib.parse import quote
 
-from .sparkline import MAX_POINTS, downsample, sparkline_svg
+import pytest
+
+from ..errors import JaxlogError, JaxlogRuntimeWarning
+from .options import Option, add_option, lookup, parse_flag, what
+from .session import STATE_KEY, JaxlogSession, TestState
+
+REPORT = Option("report", "auto", "the session's HTML report: on (DIR/report.html), a file (=PATH, relative as for "
+                "dir), no, or auto: on under keep=failed|all", metavar="PATH", const="on")
+MAX_MESSAGES = 500  # failure messages kept for the report (the report shows at most MAX_MESSAGE_CHARS of each)
+
+
+def add_report_option(parser: pytest.Parser) -> None:
+    add_option(parser, REPORT)
+
+
+def report_path(session: JaxlogSession) -> Path | None:
+    """Where the session's report goes, or None (off)."""
+    pass
+
+    src = lookup(session.config, REPORT)
+    text = str(src.value).strip()
+    if text.lower() in ("", "auto"):
+        return session.base / NAME if session.settings.keep in ("failed", "all") else None
+    if text.lower() == "none":
+        return None
+    try:
+        on = parse_flag(text, what("report", src))
+    except JaxlogError:
+        on = None  # a path
+    if on is not None:
+        return session.base / NAME if on else None
+    where = session.invocation_dir if src.origin in ("cli", "env") else session.rootdir
+    path = (where / os.path.expanduser(text)).resolve()
+    why = None
+    if path.is_dir():
+        why = "is a directory; the report is a file"
+    elif path.suffix.lower() not in (".html", ".htm"):
+        why = "is not an .html file"
+    elif path.exists() and not is_report(path):
+        why = "exists and is not a jaxlog report (it is never overwritten)"
+    if why is not None:
+        raise pytest.UsageError(f"{what('report', src)}: {path} {why}: give it as {REPORT.flag_name}=PATH "
+                                f"(a bare {REPORT.flag_name} takes the next argument)")
+    return path
+
+
+class ReportPlugin:
+    """Registered per config: gathers failure messages, attaches plots to pytest-html, writes the report."""
+
+    def __init__(self, session: JaxlogSession):
+        self.session = session
+        self.path = report_path(session) if session.worker is None else None
+        self.messages: dict[str, str] = {}
+        self.written: Path | None = None
+        self.error = ""
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.failed and len(self.messages) < MAX_MESSAGES and report.nodeid not in self.messages:
+            crash = getattr(report.longrepr, "reprcrash", None)
+            self.messages[report.nodeid] = str(getattr(crash, "message", None) or report.longreprtext)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: Any) -> Generator[None, Any, Any]:
+        report = yield
+        if report.failed and call.when in ("setup", "call"):
+            add_html_extras(item, report)
+        return report
+
+    @pytest.hookimpl(trylast=True)  # after the plugin's own hook has written the manifest
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        from ..store import manifest
+        pass
+
+        if self.session.worker is not None or session.config.option.collectonly:
+            return
+        if self.path is None:
+            remove_stale(self.session.base / NAME)
+            return
+
+        found = self.session.base / manifest.NAME
+        if not (self.session.entries or self.session.previous_manifest) or not found.is_file():
+            return  # no manifest written by this session: no jaxlog test ran
+        try:
+            doc = manifest.read(found)
+            self.written = write(self.path, render(doc, self.session.base, self.path.parent, self.messages))
+        except Exception as e:  # the session's outcome stands: said in the terminal summary
+            self.error = f"could not write {self.session.display(self.path)}: {e!r}"
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.written is not None:
+            terminalreporter.write_line(f"jaxlog report: {self.session.display(self.written)}")
+        elif self.error:
+            terminalreporter.write_line(f"jaxlog report: {self.error}")
+
+
+def add_html_extras(item: pytest.Item, report: pytest.TestReport) -> None:
+    """The test's plots as images in pytest-html's report (when it is writing one)."""
+    config = item.config
+    if config.pluginmanager.getplugin("html") is None or not config.getoption("htmlpath", None):
+        return
+    state = item.stash.get(STATE_KEY, None)
+    if state is None:
+        return
+    try:
+        from pytest_html import extras
+    except ImportError:
+        return
+    added = list(getattr(report, "extras", []))
+    for key, path in state.artifacts.items():
+        if state.kinds.get(key) == "plot" and Path(path).suffix.lower() == ".png" and Path(path).is_file():
+            added.append(extras.png(base64.b64encode(Path(path).read_bytes()).decode("ascii"), name=f"jaxlog {key}"))
+    setattr(report, "extras", added)  # noqa: B010  (pytest-html reads it; TestReport does not declare it)
+
+# ---------------------------------------------------------------------------------------------
+# Plots of failed golden and cost checks, left in the test's artifact directory and listed as
+# its ``plot`` artifact; the failure's message names the file, or says how to get matplotlib.
+#
+# A plot that cannot be drawn never hides the failure it illustrates: it is warned about and the
+# check's own error is raised as it was.
+
+def plot_key(state: TestState, label: str) -> str:
+    """``plot`` for the test's first plot, ``<label>:plot`` when the test has one already."""
+    return "plot" if "plot" not in state.artifacts else f"{label}:plot"
+
+
+def _note_plot(session: JaxlogSession, state: TestState, label: str, path: Path | None, exc: BaseException) -> None:
+    """List ``path`` as a ``plot`` artifact and name it (or how to get one) at the end of ``exc``'s message."""
+    from ..check.plots import INSTALL_PLOT
+
+    if path is None:
+        line = f"  no plot: {INSTALL_PLOT} draws one" if _no_matplotlib() else None
+    else:
+        key = plot_key(state, label)
+        state.artifacts[key] = path
+        state.kinds[key] = "plot"
+        line = f"  plot: {session.display(path)}"
+    if line and exc.args and isinstance(exc.args[0], str):
+        exc.args = (_before_the_fix(exc.args[0], line), *exc.args[1:])
+
+
+def _before_the_fix(message: str, line: str) -> str:
+    """``line`` added to ``message``, above its last line when that names the flag that fixes the
+    failure: a failure's message ends with its fix."""
+    head, sep, last = message.rpartition("\n")
+    if sep and "--jaxlog-" in last:
+        return f"{head}\n{line}\n{last}"
+    return f"{message}\n{line}"
+
+
+def _no_matplotlib() -> bool:
+    from ..check.plots import have_matplotlib
+
+    return not have_matplotlib()
+
+
+def _draw(what: str, draw: Any) -> Path | None:
+    """``draw()``'s path; None without matplotlib or (warned) when drawing fails."""
+    if _no_matplotlib():
+        return None
+    try:
+        return draw()
+    except Exception as e:  # the check's own failure is what the test reports
+        warnings.warn(JaxlogRuntimeWarning(f"[jaxlog] could not plot the {what}: {e!r}"), stacklevel=4)
+        return None
+
+
+def golden_mismatch(session: JaxlogSession, state: TestState, run: Any, golden: Path, name: str | None,
+                    exc: Any) -> None:
+    """``<test dir>/golden[--name]-diff.png``: obtained over golden, the first difference marked."""
+    from ..compare.golden import as_trajectory, plot_golden_diff
+
+    diff = getattr(exc, "diff", None)
+    if diff is None:  # the golden file is missing: nothing to draw
+        return
+    label = "golden" if name is None else f"golden--{name}"
+
+    def draw() -> Path | None:
+        obtained, expected = as_trajectory(run), as_trajectory(golden)
+        batched = bool(getattr(getattr(expected, "schema", None), "batched", False))
+        return plot_golden_diff(obtained, expected, diff, state.dir / f"{label}-diff.png", batched=batched)
+
+    _note_plot(session, state, label, _draw("golden mismatch", draw), exc)
+
+
+def cost_regression(session: JaxlogSession, state: TestState, stored: dict, obtained: dict, rtol: float,
+                    metrics: Iterable[str] | None, moved: list, title: str, name: str | None, exc: Any) -> None:
+    """``<test dir>/cost[--name].png``: obtained / stored per compared metric, the moved ones red."""
+    from ..compare.cost import CostBar, _order, plot_cost, selected
+
+    label = "cost" if name is None else f"cost--{name}"
+
+    def draw() -> Path:
+        names = selected(sorted(set(stored) | set(obtained), key=_order), metrics)  # every compared metric
+        bad = {m.metric for m in moved}
+        bars = [CostBar(n, stored.get(n), obtained.get(n), n in bad) for n in names]
+        return plot_cost(bars, rtol, title, state.dir / f"{label}.png")
+
+    _note_plot(session, state, label, _draw("cost regression", draw), exc)
+
+# ---------------------------------------------------------------------------------------------
+# Small inline SVG plots of a scalar record for the session's HTML report: no matplotlib, no
+# script, a bounded size whatever the run's length.
+#
+# A record of 60,000 steps keeps at most ``MAX_POINTS`` points: the steps are cut into buckets and
+# each bucket keeps its lowest and highest value (in step order), so a spike or a sudden drift in
+# a long run stays visible where plain striding would step over it. Non-finite values are left out
+# of the line and counted in the caption.
+
+MAX_POINTS = 200  # points per sparkline at most
+WIDTH, HEIGHT, PAD = 180, 36, 2
+
+
+@dataclass(frozen=True)
+class Series:
+    """A record's points as drawn: steps and values (finite only), and what was left out."""
+
+    steps: Any  # numpy int64 array
+    values: Any  # numpy float64 array
+    nonfinite: int
+    frames: int
+
+
+def downsample(steps: Any, values: Any, max_points: int = MAX_POINTS) -> Series:
+    """At most ``max_points`` (step, value) pairs: each of ``max_points // 2`` buckets of steps keeps
+    its minimum and maximum, in step order; non-finite values are dropped and counted."""
+    import numpy as np
+
+    steps = np.asarray(steps, np.int64).reshape(-1)
+    values = np.asarray(values, np.float64).reshape(-1)
+    finite = np.isfinite(values)
+    s, v = steps[finite], values[finite]
+    if len(v) > max_points:
+        keep = np.union1d(_first_extreme(v, max_points // 2, np.minimum), _first_extreme(v, max_points // 2, np.maximum))
+        s, v = s[keep], v[keep]
+    return Series(s, v, int((~finite).sum()), len(values))
+
+
+def _first_extreme(v: Any, buckets: int, ufunc: Any) -> Any:
+    """The index of the first minimum (``np.minimum``) or maximum of each of ``buckets`` consecutive
+    stretches of ``v``, cut as ``np.array_split`` cuts (vectorised: a long record in one pass)."""
+    import numpy as np
+
+    n, k = len(v), max(1, buckets)
+    sizes = np.full(k, n // k)
+    sizes[: n % k] += 1
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    extreme = ufunc.reduceat(v, starts)
+    hits = np.flatnonzero(v == np.repeat(extreme, sizes))
+    bucket = np.searchsorted(starts, hits, side="right") - 1
+    _, first = np.unique(bucket, return_index=True)
+    return hits[first]
+
+
+def sparkline_svg(series: Series, title: str) -> str:
+    """An inline ``<svg>`` of ``series`` (an escaped ``title`` as its tooltip), or a short note when
+    nothing finite was recorded."""
+    if len(series.values) == 0:
+        return f'<span class="muted">{escape(title)}: no finite values</span>'
+    x0, x1 = float(series.steps[0]), float(series.steps[-1])
+    y0, y1 = float(series.values.min()), float(series.values.max())
+    sx = (WIDTH - 2 * PAD) / (x1 - x0) if x1 > x0 else 0.0
+    sy = (HEIGHT - 2 * PAD) / (y1 - y0) if y1 > y0 else 0.0
+    pts = " ".join(f"{PAD + (float(x) - x0) * sx:.1f},{HEIGHT - PAD - (float(y) - y0) * sy:.1f}"
+                   for x, y in zip(series.steps, series.values))
+    if len(series.values) == 1:  # one frame: a level line across
+        pts = f"{PAD},{HEIGHT / 2:.1f} {WIDTH - PAD},{HEIGHT / 2:.1f}"
+    caption = f"{title}: {len(series.values)} of {series.frames} frames drawn, steps {int(x0)}..{int(x1)}, " \
+              f"{y0:.6g}..{y1:.6g}" + (f", {series.nonfinite} not finite" if series.nonfinite else "")
+    return (f'<svg class="spark" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" role="img">'
+            f'<title>{escape(caption)}</title><polyline fill="none" stroke="#1f77b4" stroke-width="1.2" '
+            f'points="{pts}"/></svg>')
+
+# ---------------------------------------------------------------------------------------------
+# The session's HTML report (``.jaxlog/report.html``): one self-contained file a person opens
+# from a CI artifact, offline: every jaxlog test of the session with its outcome, runs, steps/s,
+# compiles and goldens; the failures first, each with its plots, message and files; small plots of
+# each kept test's scalar records. The header counts this session's tests only; the entries earlier
+# sessions left (marked stale in the manifest) are listed apart, each with its session, so a session
+# that ran no jaxlog test never reads as one whose tests all passed.
+#
+# Built from the manifest (the merged one under xdist), the failure messages pytest reported and
+# the kept trajectory files; plots are embedded as ``data:`` images, sparklines as inline SVG, the
+# style inline, and there is no script at all. Every string that comes from a test, a record or a
+# file is escaped, and a Content-Security-Policy allows nothing but inline styles and ``data:``
+# images, so a hostile test id or record name can neither inject markup nor make the page load
+# anything. The page stays small for a big session: ``MAX_EMBEDDED_PLOTS`` plots of at most
+# ``MAX_PLOT_BYTES`` each are embedded (the rest are linked), sparklines are drawn for at most
+# ``MAX_SPARK_TESTS`` tests, ``MAX_SPARKS_PER_TEST`` records each, ``sparkline.MAX_POINTS`` points each,
+# and trajectories are read for them for ``MAX_SPARK_SECONDS`` at most.
 
 NAME = "report.html"
 TITLE = "<title>jaxlog report</title>"  # how a page of ours is told from another file of that name
@@ -302,7 +583,7 @@ def _record_sparks(path: Path, room: int) -> Iterable[tuple[str, str]]:
         return []
     import numpy as np
 
-    from ..store.trajectory import load
+    from ..store.hdf5.trajectory import load
 
     try:
         traj = load(path)
@@ -346,3 +627,69 @@ def write(path: Path, text: str) -> Path:
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
     return path
+
+# ---------------------------------------------------------------------------------------------
+# A failing test's plots as JUnit XML attachments: ``[[ATTACHMENT|path]]`` lines in the test
+# case's ``<system-out>``, the convention Jenkins' junit-attachments plugin, GitLab's test report
+# and Azure DevOps read (each on its own line, nothing around it).
+#
+# pytest's ``--junitxml`` offers plugins ``<properties>`` only (``record_property``, the
+# ``user_properties`` the plugin fills with ``jaxlog.plot`` too); no CI reads attachments there.
+# Its ``<system-out>`` holds captured output only under ``junit_logging=system-out|out-err|all``.
+# So: under those settings the lines join pytest's own captured output (a ``Captured stdout
+# teardown`` section of the teardown report, which pytest writes into ``<system-out>``); otherwise
+# a ``<system-out>`` element of our own goes into the test case through pytest's JUnit reporter
+# (``_pytest.junitxml``: not public, so a pytest without it gets the properties only). Either way
+# the element is added before pytest closes the test case at its teardown report, on the xdist
+# controller too (the manifest entry travels with the report).
+
+SECTION = "Captured stdout teardown"  # a section pytest's junitxml writes into <system-out>
+
+
+def attachment_lines(session: JaxlogSession, entry: dict) -> list[str]:
+    """``[[ATTACHMENT|path]]`` per plot of the manifest entry; paths as the session displays them
+    (relative to the directory pytest was started in, where CI jobs collect their artifacts)."""
+    from ..store.manifest import is_plot
+
+    out = []
+    for key, rel in sorted((entry.get("artifacts") or {}).items()):
+        if is_plot(key):
+            out.append(f"[[ATTACHMENT|{session.display(os.path.normpath(session.base / rel))}]]")
+    return out
+
+
+class JunitAttachments:
+    """Registered per config: adds each teardown report's plots to the JUnit XML test case."""
+
+    def __init__(self, session: JaxlogSession):
+        self.session = session
+
+    @pytest.hookimpl(tryfirst=True)  # before junitxml's own hook closes the test case
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        entry = getattr(report, "jaxlog", None)
+        if report.when != "teardown" or not isinstance(entry, dict):
+            return
+        xml = _junit_xml(self.session.config)
+        if xml is None:
+            return
+        lines = attachment_lines(self.session, entry)
+        if not lines:
+            return
+        text = "\n".join(lines) + "\n"
+        if getattr(xml, "logging", "no") in ("system-out", "out-err", "all"):
+            report.sections.append((SECTION, text))
+            return
+        import xml.etree.ElementTree as ET
+
+        node = ET.Element("system-out")
+        node.text = text
+        xml.node_reporter(report).append(node)
+
+
+def _junit_xml(config: pytest.Config) -> Any:
+    """pytest's JUnit XML writer of this session, or None (no --junitxml, or a pytest without it)."""
+    try:
+        from _pytest.junitxml import xml_key
+    except ImportError:
+        return None
+    return config.stash.get(xml_key, None)

@@ -1,8 +1,11 @@
-"""The per-process session: where artifacts go, which tests keep them, what the manifest and the
-terminal summary say, and how xdist workers' results reach the controller's manifest.
+"""Errors a run raises before its first step: the test *errored*, it did not fail.
 
-Knows tests only through ``TestState`` (what the fixtures noted: files, violations, runs, goldens),
-so the fixture objects stay replaceable. Imports pytest and the standard library only.
+Why: a bad ``when=``, an invariant on a record that is not recorded or a bad argument is a
+mistake in how the test uses jaxlog, found before any step ran; reporting it as a failed test
+whose run "stopped by interrupted" sends the reader looking for a fault in the kernel. Such an
+error (a ``JaxlogError`` that is no assertion, whose run did no step) gets pytest's error outcome
+(``E``, counted in "errors") and the manifest entry ``error`` with its message. Imports the
+standard library and the package's errors only.
 """
 
 from __future__ import annotations
@@ -20,10 +23,9 @@ import pytest
 
 from ..errors import JaxlogError
 from ..paths import shown, use_project
+from .artifacts import Discard
 from .baselines import Baselines
 from .devices import child_spec
-from .discard import Discard
-from .run_errors import flagged
 from .options import (
     GOLDEN_DIR_INI,
     OPTIONS,
@@ -36,6 +38,45 @@ from .options import (
     what,
 )
 
+FLAG = "jaxlog_error"  # set on the call report; it travels to the xdist controller with the report
+
+
+def before_start(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is a jaxlog usage error raised before a run's first step: raised where no run
+    was made yet (its arguments), or by a run that did no step (``exc.jaxlog_run``)."""
+    if not isinstance(exc, JaxlogError) or isinstance(exc, AssertionError):
+        return False
+    if getattr(exc, "jaxlog_before_start", False):
+        return True
+    run = getattr(exc, "jaxlog_run", None)
+    timings = getattr(run, "timings", None)
+    return run is not None and getattr(run, "status", None) == "failed" and getattr(timings, "steps", None) == 0
+
+
+def mark(report: Any, excinfo: Any) -> None:
+    """Flag the call report of a test whose exception is such an error."""
+    if report.when == "call" and report.failed and excinfo is not None and before_start(excinfo.value):
+        setattr(report, FLAG, True)
+
+
+def teststatus(report: Any) -> tuple[str, str, str] | None:
+    """pytest's error category for a flagged call report (else None: pytest decides). The word is
+    plain text: pytest 8.0 prints a (word, markup) pair raw in its short summary."""
+    if report.when == "call" and getattr(report, FLAG, False):
+        return "error", "E", "ERROR"
+    return None
+
+
+def flagged(report: Any) -> bool:
+    return report is not None and bool(getattr(report, FLAG, False))
+
+# ---------------------------------------------------------------------------------------------
+# The per-process session: where artifacts go, which tests keep them, what the manifest and the
+# terminal summary say, and how xdist workers' results reach the controller's manifest.
+#
+# Knows tests only through ``TestState`` (what the fixtures noted: files, violations, runs, goldens),
+# so the fixture objects stay replaceable. Imports pytest and the standard library only.
+
 JAXLOG_FIXTURES = ("jaxlog", "jaxlog_factory")
 # files of a profile window besides its Perfetto trace (``jax_trace``): listed in the manifest, not
 # in messages or the report section, where one path to the trace is what a person opens
@@ -47,7 +88,7 @@ def safe_name(nodeid: str) -> str:
     """The artifact directory name of a test: the same name its golden file gets (``golden_name``), e.g.
     ``examples/test_lj.py::test_nve[64]`` -> ``examples.test_lj.test_nve-64``; replaced characters or
     long ids add a hash of the node id, so names stay unique (parametrize ids, xdist)."""
-    from ..names import golden_name
+    from ..paths import golden_name
 
     return golden_name(nodeid, suffix="")
 
@@ -258,7 +299,7 @@ class JaxlogSession:
         """SIGTERM (CI cancellation, a job time limit) ends the session like Ctrl-C: the running
         test's run stops with its files ``stopped`` and every frame on disk, and pytest still
         writes its reports and the manifest. Only over the default action, in the main thread."""
-        from ..drive.signals import sigterm_as_interrupt
+        from ..drive.host.signals import sigterm_as_interrupt
 
         self._sigterm = sigterm_as_interrupt()
         self._sigterm.__enter__()
@@ -357,7 +398,7 @@ class JaxlogSession:
         if self.worker is not None or self.config.option.collectonly:
             return
         from ..store import manifest  # lazy: the plugin imports no package layer at load
-        from .stale import Earlier, remove
+        from .artifacts import Earlier, remove
 
         path = self.base / manifest.NAME
         if not path.is_file():
@@ -528,7 +569,7 @@ class JaxlogSession:
         directories of tests run again that this session's entries no longer name are removed."""
         if self.earlier is None:
             return [], []
-        from .stale import remove
+        from .artifacts import remove
 
         remove(self.earlier.replaced(self.entries))
         carried = self.earlier.carried(self.entries)

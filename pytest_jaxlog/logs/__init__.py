@@ -47,20 +47,17 @@ leading axes as the value), ``"count"`` (int32; a tuple, outermost first, for ne
 and ``"overflow"`` (bool, true when any value was dropped). A name logged at several places (or
 by a function called twice) is stacked along a new leading axis, in program order.
 
-The layer, one concept a module: :mod:`.primitive` (the primitive and its JAX rules), :mod:`.call`
-(``jl.log`` itself), :mod:`.find` (logs in jaxprs), :mod:`.trace`, :mod:`.interpreter` (the
-collector) and :mod:`.rules` (its registry of control-flow rules), :mod:`.entries` (the results'
-structure), :mod:`.verbs` (``collect``, ``jl.spool``, ``jl.tap``), and :mod:`.compat`, the only
-module that knows how JAX versions differ. (The layer is ``logs``, not ``log``: the package's
-attribute ``pytest_jaxlog.log`` is the function ``jl.log``, which a sub-package of that name would
-replace as soon as it is imported.)
+The layer, one concept a module: :mod:`.primitive` (the primitive, its JAX rules, and ``jl.log``
+itself), :mod:`.collector` (the interpreter that collects, its registry of control-flow rules,
+where logs sit in a jaxpr, the results' structure), :mod:`.verbs` (tracing, ``collect``,
+``jl.spool``, ``jl.tap``), and :mod:`.compat`, the only module that knows how JAX versions
+differ. (The layer is ``logs``, not ``log``: the package's attribute ``pytest_jaxlog.log`` is the
+function ``jl.log``, which a sub-package of that name would replace as soon as it is imported.)
 """
 
-from .call import RESERVED_FIELDS, calls_made, log, unheard, unheard_count
-from .find import jaxpr_has_logs
-from .interpreter import LogEvent
-from .trace import Shapes, has_logs, shapes_and_logs
-from .verbs import collect, collected_shapes, spool, tap
+from .collector import LogEvent, jaxpr_has_logs
+from .primitive import RESERVED_FIELDS, calls_made, log, unheard, unheard_count
+from .verbs import Shapes, collect, collected_shapes, has_logs, shapes_and_logs, spool, tap
 
 __all__ = ["log", "spool", "tap", "collect", "collected_shapes", "has_logs", "shapes_and_logs", "Shapes",
            "LogEvent", "RESERVED_FIELDS", "unheard", "unheard_count", "calls_made", "jaxpr_has_logs"]

@@ -1,26 +1,17 @@
-"""Timeline: a thread-safe collector of a run's events, written as one Perfetto protobuf trace.
+"""Protobuf's wire format, the few pieces a ``.pftrace`` needs.
 
-The driver, the writer thread and the invariant checker add slices/instants/counters while the
-run goes; ``write(path)`` turns them into a ``.pftrace`` (protobuf's wire format written
-directly: ``profiling.protowire``) that opens in ui.perfetto.dev: one track per named
-track (``dispatch``, ``host``, ``writer``, ``compile``, ``window steps``, ``invariants``...), slices as
-``TYPE_SLICE_BEGIN``/``TYPE_SLICE_END`` pairs, instants for violations, and one counter track per
-scalar record. Times are ``time.perf_counter_ns()`` nanoseconds.
-
-Counter samples carry their step number (a ``step`` annotation). Why a long run's counters are
-thinned: a sample costs ~40 bytes, so a 60,000-step run with a few scalar records would make the
-timeline larger than the trajectory, which holds every value anyway. A counter track keeps at
-most ``MAX_COUNTER_SAMPLES``: beyond that, the lowest and the highest sample of each stretch of
-steps (a spike or a NaN stays visible), and an instant on the ``timeline`` track says so.
-
-One track should be written by one actor at a time (slices on a track must nest); give each
-thread its own track, as the writer thread does.
+Why not the ``perfetto`` package's generated classes: importing them builds the whole Perfetto
+descriptor pool (~0.25 s, paid by every pytest session and every xdist worker that writes a
+timeline), and an object per packet costs ~10 us. Writing needs only varints, fixed64 and
+length-delimited fields; reading still uses the generated classes, and tests/test_perfetto.py
+parses what is written here with them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -29,9 +20,77 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from . import protowire as pw
+__all__ = ['varint', 'uint', 'sint', 'double', 'text', 'message', 'wide_varints', 'WIRE_VARINT', 'WIRE_FIXED64', 'WIRE_BYTES', 'Timeline', 'now_ns', 'STEP_SLICE', 'TRACKS', 'MAX_COUNTER_SAMPLES']
 
-__all__ = ["Timeline", "now_ns", "STEP_SLICE", "TRACKS", "MAX_COUNTER_SAMPLES"]
+WIRE_VARINT, WIRE_FIXED64, WIRE_BYTES = 0, 1, 2
+_MASK64 = (1 << 64) - 1
+
+
+def varint(n: int) -> bytes:
+    """An unsigned varint; a negative int (int32/int64 fields) as its 64-bit two's complement."""
+    n &= _MASK64
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def tag(number: int, wire: int) -> bytes:
+    return varint(number << 3 | wire)
+
+
+def uint(number: int, n: int) -> bytes:
+    """A varint field (uint32/64, and int32/64, bool, enum)."""
+    return tag(number, WIRE_VARINT) + varint(n)
+
+
+sint = uint  # int32/int64 fields are plain varints of the two's complement
+
+
+def double(number: int, x: float) -> bytes:
+    return tag(number, WIRE_FIXED64) + struct.pack("<d", x)
+
+
+def message(number: int, payload: bytes) -> bytes:
+    """A length-delimited field: a sub-message, bytes."""
+    return tag(number, WIRE_BYTES) + varint(len(payload)) + payload
+
+
+def text(number: int, s: str) -> bytes:
+    """A string field (UTF-8; a lone surrogate is replaced, as protobuf requires valid UTF-8)."""
+    return message(number, s.encode("utf-8", "replace"))
+
+
+def wide_varints(x: np.ndarray) -> np.ndarray:
+    """Non-negative integers as varints of one width, one row each (the width the largest
+    needs): readers accept a varint padded with continuation bytes, and a fixed width lets many
+    fields be laid out at once."""
+    x = np.asarray(x, np.int64).astype(np.uint64)
+    width = max(1, -(-int(x.max(initial=0)).bit_length() // 7))
+    out = ((x[:, None] >> (np.arange(width, dtype=np.uint64) * np.uint64(7))) & np.uint64(0x7F)).astype(np.uint8)
+    out[:, :width - 1] |= 0x80
+    return out
+
+# ---------------------------------------------------------------------------------------------
+# Timeline: a thread-safe collector of a run's events, written as one Perfetto protobuf trace.
+#
+# The driver, the writer thread and the invariant checker add slices/instants/counters while the
+# run goes; ``write(path)`` turns them into a ``.pftrace`` (protobuf's wire format written
+# directly: ``profiling.timeline``) that opens in ui.perfetto.dev: one track per named
+# track (``dispatch``, ``host``, ``writer``, ``compile``, ``window steps``, ``invariants``...), slices as
+# ``TYPE_SLICE_BEGIN``/``TYPE_SLICE_END`` pairs, instants for violations, and one counter track per
+# scalar record. Times are ``time.perf_counter_ns()`` nanoseconds.
+#
+# Counter samples carry their step number (a ``step`` annotation). Why a long run's counters are
+# thinned: a sample costs ~40 bytes, so a 60,000-step run with a few scalar records would make the
+# timeline larger than the trajectory, which holds every value anyway. A counter track keeps at
+# most ``MAX_COUNTER_SAMPLES``: beyond that, the lowest and the highest sample of each stretch of
+# steps (a spike or a NaN stays visible), and an instant on the ``timeline`` track says so.
+#
+# One track should be written by one actor at a time (slices on a track must nest); give each
+# thread its own track, as the writer thread does.
 
 #: Name of the per-step slice, in our trace and in JAX's (``StepTraceAnnotation("jaxlog_step")``).
 STEP_SLICE = "jaxlog_step"
@@ -90,14 +149,14 @@ def _annotation(key: str, value: Any) -> bytes:
     """A ``DebugAnnotation`` (value 2 bool, 4 int, 5 double, 6 string; name 10), its fields in
     number order as protobuf writes them."""
     if isinstance(value, (bool, np.bool_)):
-        field = pw.uint(2, int(bool(value)))
+        field = uint(2, int(bool(value)))
     elif isinstance(value, (int, np.integer)) and -(2**63) <= int(value) < 2**63:
-        field = pw.sint(4, int(value))
+        field = sint(4, int(value))
     elif isinstance(value, (float, np.floating)):
-        field = pw.double(5, float(value))
+        field = double(5, float(value))
     else:
-        field = pw.text(6, str(value))
-    return field + pw.text(10, str(key))
+        field = text(6, str(value))
+    return field + text(10, str(key))
 
 
 def _bytes_column(data: bytes, n: int) -> np.ndarray:
@@ -120,17 +179,17 @@ def _counter_packets(track_uuid: int, ts_ns: np.ndarray, values: np.ndarray, ste
     known = steps >= 0
     if not known.all() and known.any():  # rows of one layout each: those with a step, those without
         return b"".join(_counter_packets(track_uuid, ts_ns[i:i + 1], values[i:i + 1], steps[i:i + 1]) for i in range(n))
-    ts, uuid = pw.wide_varints(ts_ns), pw.wide_varints(np.full(n, track_uuid))
+    ts, uuid = wide_varints(ts_ns), wide_varints(np.full(n, track_uuid))
     columns = [_bytes_column(b"\x48\x04\x58", n), uuid,  # type COUNTER, track_uuid
                _bytes_column(b"\xe1\x02", n), np.asarray(values, "<f8").view(np.uint8).reshape(n, 8)]  # the value
     if known.all():  # debug_annotations: int_value (the step), name "step"
-        step = pw.wide_varints(steps)
+        step = wide_varints(steps)
         columns = [_bytes_column(b"\x22" + bytes([1 + step.shape[1] + 6]) + b"\x20", n), step,
                    _bytes_column(b"\x52\x04step", n), *columns]
     event_len = sum(c.shape[1] for c in columns)  # at most 42 and the packet 57: one-byte lengths
     packet_len = 1 + ts.shape[1] + 2 + 2 + event_len
     rows = np.hstack([_bytes_column(bytes([0x0A, packet_len, 0x40]), n), ts,  # Trace.packet, length, timestamp
-                      _bytes_column(pw.uint(10, _SEQ_ID) + bytes([0x5A, event_len]), n),  # sequence, track_event
+                      _bytes_column(uint(10, _SEQ_ID) + bytes([0x5A, event_len]), n),  # sequence, track_event
                       *columns])
     return rows.tobytes()
 
@@ -322,21 +381,21 @@ class Timeline:
 
         uuids = iter(range(1000, 1 << 62))
         process_uuid = next(uuids)
-        sequence = pw.uint(10, _SEQ_ID)
+        sequence = uint(10, _SEQ_ID)
 
         def descriptor(uuid: int, name: str, *, counter: bytes | None = None, rank: int | None = None) -> bytes:
             """A ``TracePacket`` holding a ``TrackDescriptor`` (60): uuid 1, name 2, parent_uuid 5,
             counter 8, sibling_order_rank 12."""
-            desc = pw.uint(1, uuid) + pw.text(2, name) + pw.uint(5, process_uuid)
+            desc = uint(1, uuid) + text(2, name) + uint(5, process_uuid)
             if counter is not None:
-                desc += pw.message(8, counter)
+                desc += message(8, counter)
             if rank is not None:
-                desc += pw.sint(12, rank)
-            return sequence + pw.message(60, desc)
+                desc += sint(12, rank)
+            return sequence + message(60, desc)
 
         # the process (3): pid 1, process_name 6; sequence_flags 13 = SEQ_INCREMENTAL_STATE_CLEARED
-        process = pw.message(3, pw.sint(1, os.getpid()) + pw.text(6, self.name))
-        head = [sequence + pw.uint(13, 1) + pw.message(60, pw.uint(1, process_uuid) + process)]
+        process = message(3, sint(1, os.getpid()) + text(6, self.name))
+        head = [sequence + uint(13, 1) + message(60, uint(1, process_uuid) + process)]
         track_uuid: dict[str, int] = {}
         for i, name in enumerate(tracks):
             track_uuid[name] = next(uuids)
@@ -345,7 +404,7 @@ class Timeline:
         for c in counters:
             if c.name not in counter_uuid:
                 counter_uuid[c.name] = next(uuids)
-                head.append(descriptor(counter_uuid[c.name], c.name, counter=pw.text(6, c.unit) if c.unit else b""))
+                head.append(descriptor(counter_uuid[c.name], c.name, counter=text(6, c.unit) if c.unit else b""))
 
         # Per track, slices become properly nested BEGIN/END pairs (a stack walk over slices
         # sorted by start, longest first); a slice that overlaps without nesting goes to a
@@ -385,14 +444,14 @@ class Timeline:
         body: list[bytes] = []
         for ts, (kind, obj) in events:
             if kind == "E":
-                event = pw.uint(9, 2) + pw.uint(11, track_uuid[obj])
+                event = uint(9, 2) + uint(11, track_uuid[obj])
             else:
-                event = b"".join(pw.message(4, _annotation(k, v)) for k, v in (obj.args or {}).items())
-                event += pw.uint(9, 1 if kind == "B" else 3) + pw.uint(11, track_uuid[obj.track]) + pw.text(23, obj.name)
-            body.append(pw.uint(8, ts) + sequence + pw.message(11, event))
+                event = b"".join(message(4, _annotation(k, v)) for k, v in (obj.args or {}).items())
+                event += uint(9, 1 if kind == "B" else 3) + uint(11, track_uuid[obj.track]) + text(23, obj.name)
+            body.append(uint(8, ts) + sequence + message(11, event))
         # each counter track's samples after the slices, in time order (readers sort by time)
         counter_packets = [_counter_packets(counter_uuid[c.name], c.ts_ns, c.values, c.steps) for c in counter_tracks]
-        return b"".join([*(pw.message(1, p) for p in head + body), *counter_packets])
+        return b"".join([*(message(1, p) for p in head + body), *counter_packets])
 
     def write(self, path: str | os.PathLike) -> Path:
         """Write the ``.pftrace`` (atomically: a temp file renamed into place) and return its path."""

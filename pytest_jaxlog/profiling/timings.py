@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from ..errors import JaxlogAssertionError, JaxlogError, JaxlogRuntimeWarning
-from ..record.numbers import check_count, positive
+from ..record.values import check_count, positive
 
 __all__ = ["CompileEvent", "CompileTracker", "MIN_TIMED_STEPS", "Timings", "TimingAssertionError", "describe_avals"]
 

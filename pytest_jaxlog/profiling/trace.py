@@ -22,10 +22,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import JaxlogError
-from ..profiling.timeline import STEP_SLICE
+from .timeline import STEP_SLICE
 
-__all__ = ["Slice", "Trace", "load_trace", "find_jax_trace"]
-
+__all__ = ['Slice', 'Trace', 'load_trace', 'find_jax_trace']
 
 @dataclass(frozen=True)
 class Slice:

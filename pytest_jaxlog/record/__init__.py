@@ -1,2 +1,3 @@
-"""Layer 1, record: what is recorded and when (schedules, records) and the frame format the
-drivers hand to every consumer. Imports only ``errors``."""
+"""Layer 1, record: what is recorded and when (schedules, records, a run's metadata), the frame
+format the drivers hand to every consumer, and values as users give them (``values``). Imports
+only ``errors``."""

@@ -16,9 +16,9 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from ..errors import JaxlogError
-from ..record.numbers import check_dt
-from ..record.records import is_record_path
-from ..record.schedule import Schedule, schedule_from_json
+from .records import is_record_path
+from .schedule import Schedule, schedule_from_json
+from .values import check_dt
 
 FORMAT_VERSION = 1
 MAX_RANK = 32  # numpy's limit on dimensions: a frame has fewer than this
@@ -44,7 +44,7 @@ class LeafSpec:
 
     def __post_init__(self):
         """What a trajectory file cannot hold is refused here, when the run lays out its records,
-        by the rules the reader applies to a file (``store.trajectory``)."""
+        by the rules the reader applies to a file (``store.hdf5.trajectory``)."""
         if not is_record_path(self.path):
             raise JaxlogError(f"record path {self.path!r} is not a/b/c names (each not empty, '.' or '..')")
         if len(self.shape) >= MAX_RANK or not all(0 <= int(n) < MAX_SIZE for n in self.shape):

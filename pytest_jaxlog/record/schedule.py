@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import JaxlogError
-from .numbers import LARGEST_STORED_STEP, check_count, check_step, is_stored_step  # noqa: F401  (drivers import these from here)
+from .values import LARGEST_STORED_STEP, check_count, check_step, is_stored_step  # noqa: F401  (drivers import these from here)
 
 
 @dataclass(frozen=True)

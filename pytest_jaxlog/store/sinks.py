@@ -1,21 +1,91 @@
-"""Sinks that need no file format of their own: memory, CSV rows, a user callback."""
+"""Sinks that need no file format of their own: memory, CSV rows, a callback, log lines through
+Python's ``logging``, and an object shaped like a logger (kUPS's loggers)."""
 
 from __future__ import annotations
 
 import csv
+import dataclasses
+import logging
 import os
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from ..store.dtypes import check_frames, check_leaf_dtype, to_host
 from ..errors import JaxlogError, WriterError
 from ..record.frames import Frames, Schema
-from .owned import owned
-from .sink import Sink
-from .scalars import rows_by_step, scalar_paths
+from ..record.schedule import Schedule
+from ..record.schedule import every as every_n
+from ..record.values import printable
+from .dtypes import check_frames, check_leaf_dtype, to_host
+from .protocol import Sink, owned, real_paths, rows_by_step, scalar_paths
 
+# ---------------------------------------------------------------------------------------------
+# ``LoggingSink``: one log line per recorded step through Python's ``logging``.
+#
+# Why logging and not print: the lines reach whatever the user configured (files, JSON handlers,
+# pytest's captured log shown beside a failure) with a level to filter on, and cost nothing but a
+# level check when nobody listens. Each line is one step: control characters and newlines in
+# record names and values are escaped as the command line escapes them (``record.values``).
+
+DEFAULT_LOGGER = "pytest_jaxlog"
+
+
+class LoggingSink(Sink):
+    """Sink logging ``step 1000: energy/total=-186.25 temperature=1.02`` per recorded step (one
+    line per system in batched runs: ``step 1000 system 3: ...``).
+
+    ``logger``: a ``logging.Logger``, a logger name, or None for ``"pytest_jaxlog"``.
+    ``every``: log only these steps, an int (every n-th step) or a schedule (``jl.every(n)``,
+    ``jl.at(...)``); by default every recorded step. ``records``: the scalar records shown (default:
+    all real scalar records). ``fmt``: format of each value.
+    """
+
+    def __init__(self, logger: logging.Logger | str | None = None, level: int = logging.INFO, every: Any = None,
+                 records: list[str] | tuple[str, ...] | None = None, fmt: str = ".6g"):
+        if logger is None or isinstance(logger, str):
+            logger = logging.getLogger(logger or DEFAULT_LOGGER)
+        if not isinstance(logger, logging.Logger):
+            raise JaxlogError(f"LoggingSink(logger={logger!r}): expected a logging.Logger, a logger name or None")
+        if every is not None and not isinstance(every, Schedule):
+            every = every_n(every)
+        self.logger, self.level, self.every, self.fmt = logger, int(level), every, fmt
+        self.records = None if records is None else tuple(records)
+        self._schema: Schema | None = None
+        self._paths: tuple[str, ...] = ()
+
+    def open(self, schema: Schema, meta: dict[str, Any]) -> None:
+        who = f"LoggingSink({self.logger.name})"
+        self._paths = real_paths(schema, scalar_paths(schema, self.records, who, kind="LoggingSink"), who)
+        self._schema = schema
+        format(0.0, self.fmt)  # a bad fmt fails here, not mid-run
+
+    def write(self, frames: Frames) -> None:
+        assert self._schema is not None, "[jaxlog] LoggingSink.write before open"
+        check_frames(self._schema, frames)
+        if not self.logger.isEnabledFor(self.level):
+            return
+        batched = self._schema.batched
+        for step, rows in rows_by_step(frames, self._paths, self._schema.n_systems if batched else None):
+            if self.every is not None and not self.every.contains(step):
+                continue
+            for system, row in enumerate(rows):
+                where = f"step {step} system {system}" if batched else f"step {step}"
+                text = " ".join(f"{p}={format(v, self.fmt)}" for p, v in row.items())
+                # names and values escaped: a record named "x\nstep 9: ok" or holding a terminal
+                # escape neither forges a log line nor drives the terminal the log is shown on
+                self.logger.log(self.level, "%s: %s", where, printable(text, newlines=False))
+
+    def close(self, status: str = "complete", *, steps_done: int | None = None, violation: dict | None = None,
+              summary: dict | None = None) -> None:
+        if status != "complete" and self.logger.isEnabledFor(self.level):
+            self.logger.log(self.level, "run %s after %s steps", status, steps_done)
+
+    def __repr__(self) -> str:
+        return f"LoggingSink({self.logger.name!r}, level={logging.getLevelName(self.level)})"
+
+# ---------------------------------------------------------------------------------------------
+# Sinks that need no file format of their own: memory, CSV rows, a user callback.
 
 class MemorySink(Sink):
     """Keeps every frame in host memory; ``run.trajectory`` uses it when no file sink is given."""
@@ -45,7 +115,7 @@ class MemorySink(Sink):
 
     def write(self, frames: Frames) -> None:
         # No copy: the driver hands over fresh host arrays it does not mutate (views of a
-        # device's buffers excepted: see store.owned).
+        # device's buffers excepted: see store.protocol).
         assert self.schema is not None, "[jaxlog] MemorySink.write before open"
         check_frames(self.schema, frames, self._last_steps)
         for path in frames:
@@ -92,7 +162,7 @@ class MemorySink(Sink):
     @property
     def trajectory(self):
         """The recorded frames as a ``Trajectory`` (a snapshot)."""
-        from ..store.trajectory import Trajectory
+        from .hdf5.trajectory import Trajectory
 
         return Trajectory.from_sink(self)
 
@@ -255,3 +325,95 @@ class CallbackSink(Sink):
     @property
     def artifacts(self) -> dict[str, Path]:
         return {}
+
+# ---------------------------------------------------------------------------------------------
+# A logger in ``sinks=``: an object with the Logger protocol's shape (``__enter__``,
+# ``__exit__``, ``log(state, step)``, as kUPS's loggers have) fed by ``jl.run``.
+#
+# Why the records and not the state: ``jl.run`` keeps the state on the device inside its compiled
+# loop (pulling it every step would cost the host round trip the driver exists to avoid), so what
+# reaches the host is what the run records. A logger gets, per recorded step, those records' values:
+# ``log(views, step)``, ``views`` a dict of record path -> numpy value (the system axis first in
+# batched runs) holding the records scheduled (and kept, with ``when=``) at that step. It is called
+# on the host, after a chunk's frames are pulled, in step order; entered when the run's sinks open
+# and exited when they close: with no exception when the run completed or stopped at a violation,
+# with a ``JaxlogError`` saying how it ended when it failed or was interrupted.
+
+ADAPTER = """\
+    def feed(step, rows):
+        logger.log(rows, step)
+    jl.run(..., sinks=[jl.CallbackSink(feed, rows=True)])"""
+LOGGER_METHODS = ("__enter__", "__exit__", "log")
+
+
+def is_logger_shaped(obj: Any) -> bool:
+    """Whether ``obj`` looks like a logger rather than a sink: it has ``log`` and no ``open``."""
+    return callable(getattr(obj, "log", None)) and not callable(getattr(obj, "open", None))
+
+
+@dataclasses.dataclass(frozen=True)
+class StepViews:
+    """One recorded step's values: ``views``, record path -> value, the records recorded then."""
+
+    step: int
+    views: dict[str, np.ndarray]
+
+
+def views_by_step(frames: Frames) -> list[StepViews]:
+    """The batch as one :class:`StepViews` per recorded step, in step order."""
+    present = [p for p in frames if len(frames.steps[p])]
+    if not present:
+        return []
+    steps = np.unique(np.concatenate([frames.steps[p] for p in present]))
+    table: list[dict[str, np.ndarray]] = [{} for _ in steps]
+    for p in present:
+        values = owned(frames.values[p])
+        for i, row in enumerate(np.searchsorted(steps, frames.steps[p]).tolist()):
+            table[row][p] = values[i]
+    return [StepViews(step, views) for step, views in zip(steps.tolist(), table)]
+
+
+class LoggerSink(Sink):
+    """A logger (``__enter__``, ``__exit__``, ``log(views, step)``) as a sink; see the module."""
+
+    def __init__(self, logger: Any):
+        missing = [m for m in LOGGER_METHODS if not callable(getattr(logger, m, None))]
+        if missing:
+            raise JaxlogError(
+                f"sinks=: {logger!r} has log() but not {', '.join(m + '()' for m in missing)}: it is neither a sink "
+                f"(open, write, close) nor a logger (__enter__, __exit__, log(state, step)); to feed it the scalar "
+                f"records of each recorded step:\n{ADAPTER}")
+        self.logger = logger
+        self._schema: Schema | None = None
+        self._last_steps: dict[str, int] = {}
+        self._entered = False
+
+    def open(self, schema: Schema, meta: dict[str, Any]) -> None:
+        self._schema = schema
+        self._call("__enter__", self.logger.__enter__)
+        self._entered = True
+
+    def write(self, frames: Frames) -> None:
+        check_frames(self._schema, frames, self._last_steps)
+        for at in views_by_step(frames):
+            self._call("log", self.logger.log, at.views, at.step)
+
+    def close(self, status: str, *, steps_done: int, violation: dict | None = None,
+              summary: dict | None = None) -> None:
+        if not self._entered:
+            return
+        self._entered = False
+        if status in ("complete", "violated"):
+            self._call("__exit__", self.logger.__exit__, None, None, None)
+            return
+        ended = JaxlogError(f"the run ended {status} after step {steps_done}")
+        self._call("__exit__", self.logger.__exit__, type(ended), ended, None)
+
+    def _call(self, what: str, fn: Any, *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:
+            raise WriterError(f"{self.logger!r}.{what} raised {type(exc).__name__}: {exc}") from exc
+
+    def __repr__(self) -> str:
+        return f"LoggerSink({self.logger!r})"

@@ -1,0 +1,109 @@
+"""Where a trajectory came from: versions, backend and machine, stored with every file.
+
+jax is imported inside ``provenance()`` (not at module import) so the plugin stays jax-free.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import socket
+import sys
+import zlib
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+_STATIC: dict | None = None
+
+
+def provenance() -> dict:
+    """JSON-able description of the software and hardware this process runs on.
+
+    Versions and devices do not change within a process: they are looked up once (package
+    metadata lookups cost milliseconds per run); the time is fresh on every call."""
+    global _STATIC
+    if _STATIC is None:
+        _STATIC = _describe()
+    return {**_STATIC, "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def _describe() -> dict:
+    from ...version import __version__
+
+    out: dict = {
+        "pytest_jaxlog": __version__,
+        "python": platform.python_version(),
+        "numpy": _version("numpy"),
+        "h5py": _version("h5py"),
+        "ml_dtypes": _version("ml_dtypes"),
+        "jax": _version("jax"),
+        "jaxlib": _version("jaxlib"),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "hostname": socket.gethostname(),
+        "argv0": sys.argv[0] if sys.argv else None,
+    }
+    try:
+        import jax
+
+        out["jax"] = jax.__version__
+        devices = jax.devices()
+        out["backend"] = jax.default_backend()
+        out["device_kind"] = devices[0].device_kind if devices else None
+        out["device_count"] = len(devices)
+        out["x64"] = bool(jax.config.jax_enable_x64)
+    except Exception as exc:  # no jax or no backend: provenance must never break a run
+        out.update(backend=None, device_kind=None, device_count=0, x64=None, jax_error=repr(exc))
+    return out
+
+# ---------------------------------------------------------------------------------------------
+# The HDF5 file's format constants and JSON attribute helpers, shared by the writer
+# (``hdf5.py``), the multi-process index (``parts.py``) and the reader (``trajectory.py``).
+#
+# JSON attributes are kept as fixed-length bytes in the object header (checksummed by HDF5),
+# not in the global heap (no checksum; a damaged one can make HDF5 loop while reading it); the
+# ones in ``CRC_COVERS`` are covered by our own checksum in ``CRC_ATTR`` as well.
+
+LIBVER = ("v108", "v108")
+# HDF5 keeps string attributes in its global heap, which has no checksum: ours does
+CRC_ATTR = "json_crc32"
+CRC_COVERS = ("format_version", "schema", "provenance", "meta", "violation")
+
+
+def json_text(value: Any) -> str:
+    """``value`` as JSON; numpy scalars and arrays as numbers and lists, anything else by repr."""
+    return json.dumps(value, default=_json_default)
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    return repr(obj)
+
+
+def json_crc32(texts: dict[str, str | bytes | None]) -> int:
+    """Checksum of the JSON attributes in ``CRC_COVERS`` (absent ones count as empty)."""
+    parts = (texts.get(k) or b"" for k in CRC_COVERS)
+    return zlib.crc32(b"\0".join(p if isinstance(p, bytes) else p.encode() for p in parts))
+
+
+def attr_text(value: str) -> np.bytes_:
+    """A string attribute as fixed-length bytes: stored in the object header (checksummed), not in
+    HDF5's global heap (no checksum; a damaged one can make HDF5 loop while reading it)."""
+    return np.bytes_(value.encode())
