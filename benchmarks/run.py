@@ -265,15 +265,10 @@ def _chunk_program_loop(step, state, record, steps: int, per_dispatch: int = 1, 
     dispatch that a ``chunk=1`` run cannot avoid; with the whole run, the device program alone.
     ``initial``: the first dispatch records the initial state, as a run's first chunk does."""
     from pytest_jaxlog.drive.device import plan as resolution
-    from pytest_jaxlog.drive.host.config import RunConfig, capacity_of, resolve_run
-    from pytest_jaxlog.drive.device.plan import lanes_of
+    from pytest_jaxlog.drive.host.config import RunConfig, capacity_of, configure, resolve_run
     from pytest_jaxlog.drive.device.chunks import scalars_on
 
-    lanes = lanes_of(record, False, None)
-    cfg = RunConfig(step=step, steps=steps, start_step=0, lanes=lanes, invariants=(), sinks=(), key=None,
-                    dt=None, chunk=per_dispatch, profile=None, has_aux=False, batched=False, until=None,
-                    on_violation="raise", postmortem=3, progress=None, budget=resolution.DEFAULT_BUDGET,
-                    timeline=None, donate=False)
+    cfg = configure(RunConfig(step=step, steps=steps, record=record, chunk=per_dispatch, donate=False), state)
     resolved = resolve_run(cfg, state)
     plan, shapes = resolved.plan, resolved.shapes
     plan = resolution.laid_out(plan, capacity_of(cfg, resolved.schema), shapes, pack=True,

@@ -31,6 +31,7 @@ RANK = {"errors": 0, "paths": 0, "version": 0, "record": 1, "logs": 2, "check": 
 DRIVE_PHASES = {"prepare": 0, "device": 1, "checkpoints": 2, "host": 3}  # the folder's own modules: 4
 MOST_MODULES_IN_A_FOLDER = 12
 MOST_MODULES = 90
+MOST_ATTRIBUTES = 20  # a class holding more state than this is several objects: name them
 HEAVY = ("jax", "jaxlib", "numpy", "h5py", "perfetto", "ml_dtypes")
 
 # what only some parts of the package may do (names of layers, folders or top-level modules)
@@ -245,6 +246,33 @@ def test_no_folder_holds_more_than_12_modules_and_the_package_at_most_90():
     big = {str(f.relative_to(PACKAGE.parent)): n for f, n in counts.items() if n > MOST_MODULES_IN_A_FOLDER}
     assert not big, f"folders over {MOST_MODULES_IN_A_FOLDER} modules: {big}; cut them by concern"
     assert sum(counts.values()) <= MOST_MODULES, f"{sum(counts.values())} modules (at most {MOST_MODULES})"
+
+
+def attributes_assigned(path: Path) -> dict[str, int]:
+    """Per class in the file: how many distinct ``self.<name>`` it assigns, in any method."""
+    out = {}
+    for cls in [n for n in ast.walk(ast.parse(path.read_text(), filename=str(path))) if isinstance(n, ast.ClassDef)]:
+        names = set()
+        for node in ast.walk(cls):
+            if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    names |= {x.attr for x in ast.walk(target) if isinstance(x, ast.Attribute)
+                              and isinstance(x.value, ast.Name) and x.value.id == "self"}
+        out[cls.name] = len(names)
+    return out
+
+
+def test_no_class_assigns_more_than_20_attributes():
+    big = {f"{p.relative_to(PACKAGE)}:{name}": n for p in _modules() for name, n in attributes_assigned(p).items()
+           if n > MOST_ATTRIBUTES}
+    assert not big, f"classes assigning over {MOST_ATTRIBUTES} attributes: {big}; group their state in named parts"
+
+
+def test_the_attribute_count_sees_a_big_class(tmp_path):
+    planted = tmp_path / "big.py"
+    planted.write_text("class Big:\n    def __init__(self):\n" + "".join(f"        self.a{i} = {i}\n" for i in range(15))
+                       + "    def more(self):\n" + "".join(f"        self.b{i}, self.a{i} = {i}, {i}\n" for i in range(7)))
+    assert attributes_assigned(planted) == {"Big": 22}
 
 
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(PACKAGE)))

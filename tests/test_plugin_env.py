@@ -95,7 +95,7 @@ def test_example_suite_conftest_yields_to_jaxlog_keep(pytester, monkeypatch):
 )
 def test_bad_environment_values_name_the_variable(pytester, monkeypatch, name, value, message):
     pytester.makeini("[pytest]\n")
-    pytester.makepyfile("def test_a(): pass")
+    pytester.makepyfile("def test_a(jaxlog): pass")  # a session that uses jaxlog (test_plugin_quiet: one that does not)
     monkeypatch.setenv(name, value)
     result = pytester.runpytest()
     assert result.ret == pytest.ExitCode.USAGE_ERROR

@@ -273,7 +273,7 @@ def test_device_buffers_are_bounded_whatever_flush_every():
     with rec:
         for k in range(8):
             rec.log(STATE, k)
-            rows += [buf["x"].shape[0] for buf in rec._bufs if buf is not None and "x" in buf]
+            rows += [buf["x"].shape[0] for buf in rec._buffers.bufs if buf is not None and "x" in buf]
     assert rows and max(rows) <= 3  # positions: 3 frames fit in buffer_bytes
     assert [b.get("x") for b in batches] == [[0, 1, 2], [3, 4, 5], [6, 7]]
     assert sum((b.get("e", []) for b in batches), []) == [0, 4]

@@ -111,7 +111,8 @@ def test_a_session_that_ran_no_jaxlog_test_says_so_and_shows_the_earlier_one_apa
     assert page.headline == f"3 jaxlog tests in this session, 2 not passed; exit status 1; finished {_when(first)}; " \
                             "keep=failed"
 
-    result = pytester.runpytest(*RUN, "test_plain.py")
+    # an option given: the session uses jaxlog (without one, a session of plain tests leaves it all alone)
+    result = pytester.runpytest(*RUN, "--jaxlog-keep=failed", "test_plain.py")
     result.assert_outcomes(passed=1)
     second = _manifest(base)
     assert second["session"] != first["session"] and second["exitstatus"] == 0

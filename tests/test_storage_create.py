@@ -182,7 +182,7 @@ KILL_CHILD = """
         warm = jl.HDF5Writer(os.path.join(tempfile.mkdtemp(), "warm.h5"))
         warm.open(schema, {"provenance": {}})
         warm.close("complete", steps_done=0)
-        from pytest_jaxlog.store.hdf5 import writer as hdf5
+        from pytest_jaxlog.store.hdf5 import writer_thread as hdf5
         hdf5._write_all = lambda fd, data: (os.pwrite(fd, data[:len(data) // 2], 0), die())  # half copied
     jl.HDF5Writer(path).open(schema, {"provenance": {"mark": 9}})
 """

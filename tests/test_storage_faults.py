@@ -114,7 +114,7 @@ def test_real_h5py_failure_names_record_and_steps(tmp_path):
     w = HDF5Writer(tmp_path / "t.h5")
     w.open(schema, {})
     w.flush()
-    w._dsets["state/x"].dsid.close()  # the dataset handle goes bad under the writer: h5py raises
+    w._worker.columns.dsets["state/x"].dsid.close()  # the dataset handle goes bad under the writer: h5py raises
     w.write(frames_for(schema, 0, 4))
     with pytest.raises(jl.WriterError, match=r"record 'state/x' \(steps 0\.\.4\) to .*t\.h5 failed") as info:
         no_hang(lambda: w.close("complete", steps_done=4))

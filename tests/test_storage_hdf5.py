@@ -435,7 +435,7 @@ def test_count_between_matches_steps_between(schedule, lo, span):
 def test_chunk_rows_tile_known_lengths(frame_bytes, frames):
     """Known length: equal chunks of at most 512 KiB (or one frame) tiling the run, < 1 frame unused
     per chunk; unknown: at most 64 KiB (or one frame), at least 4 KiB or 64 frames."""
-    from pytest_jaxlog.store.hdf5.writer import _CHUNK_BYTES, _OPEN_CHUNK_BYTES, _chunk_rows
+    from pytest_jaxlog.store.hdf5.writer_thread import _CHUNK_BYTES, _OPEN_CHUNK_BYTES, _chunk_rows
 
     rows = _chunk_rows(frame_bytes, frames)
     assert rows >= 1

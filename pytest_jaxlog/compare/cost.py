@@ -148,6 +148,20 @@ def _order(name: str) -> tuple:
     head, _, last = name.rpartition("/")
     return (head, METRICS.index(last) if last in METRICS else len(METRICS), last)
 
+
+def failure_message(shown: str, key: str, moved: Sequence[Moved], rtol: float, fix: str) -> str:
+    """Which figures moved from the stored entry, ending with ``fix`` (the pytest side's words for
+    the flag that rewrites it): a kernel made cheaper fails too, since a regression back to the
+    stored figures would pass unseen, and its last line says so."""
+    lines = [f"[jaxlog] compiled cost moved from cost golden {shown} [{key}] (rtol={rtol:g}):"]
+    lines += [f"  {m.describe()}" for m in moved]
+    if all(m.improved for m in moved):
+        lines.append("every figure went down: if the kernel was made cheaper on purpose, store the new figures "
+                     f"so a regression back is caught: {fix}")
+    else:
+        lines.append(f"if the change is intended, {fix}")
+    return "\n".join(lines)
+
 # ---------------------------------------------------------------------------------------------
 # A picture of a cost regression: each compared metric's obtained figure as a multiple of the
 # stored one, the tolerance band around 1, the metrics that moved in red.
@@ -174,6 +188,15 @@ class CostBar:
         if self.stored is None or self.obtained is None or self.stored == 0:
             return None
         return float(self.obtained) / float(self.stored)
+
+
+def plot_regression(stored: dict[str, Any], obtained: dict[str, Any], rtol: float, metrics: Iterable[str] | None,
+                    moved: Sequence[Moved], title: str, path: str | os.PathLike) -> Path:
+    """The picture of a failed ``compare``: every compared metric (not only the moved ones, so a
+    move reads against those that held), the moved ones red."""
+    names = selected(sorted(set(stored) | set(obtained), key=_order), metrics)
+    bad = {m.metric for m in moved}
+    return plot_cost([CostBar(n, stored.get(n), obtained.get(n), n in bad) for n in names], rtol, title, path)
 
 
 def plot_cost(bars: Sequence[CostBar], rtol: float, title: str, path: str | os.PathLike) -> Path:

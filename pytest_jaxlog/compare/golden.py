@@ -669,12 +669,13 @@ class GoldenComparison:
         return (f"[jaxlog] golden {shown} has no entry for this platform: compared with its reference entry, made "
                 f"on {made}, at the tolerance it stores ({tol}); this platform: {here}")
 
-    def hint(self) -> str:
-        """The flag that fixes it: regenerate this platform's entry, or add one (never another's)."""
+    def hint(self, fix: str = f"run pytest with {REGEN_FLAG}") -> str:
+        """The flag that fixes it: regenerate this platform's entry, or add one (never another's).
+        ``fix``: the words naming the flag (the pytest side's, which owns the flags)."""
         if not self.fallback:
             kept = "; other platforms' entries are kept" if len(self.choice.entries) > 1 else ""
-            return f"{regen_hint(self.target)} (this platform's entry{kept})"
-        return (f"run pytest with {REGEN_FLAG} to add this platform's entry {display_path(self.target)} "
+            return f"{fix} to regenerate {display_path(self.target)} (this platform's entry{kept})"
+        return (f"{fix} to add this platform's entry {display_path(self.target)} "
                 f"(the reference entry {display_path(self.golden)} is kept)")
 
     def message(self, hint: str | None = None) -> str:
@@ -816,6 +817,14 @@ MAX_RECORDS = 3  # differing records drawn at most (the first ones the compariso
 FIELD_MIN = (8, 4)  # a frame (a system's, in batched runs) is a field: a 1-D profile of at least 8
 # points, or an image of at least 4 x 4 (not an (atoms, 3) array of positions)
 DRAWN = ("values", "steps")  # kinds of difference that have two series to draw
+
+
+def plot_mismatch(obtained: Any, golden: str | os.PathLike, diff: Any, path: str | os.PathLike) -> Path | None:
+    """The picture of a failed check against golden file ``golden``: ``obtained`` (a run or a
+    trajectory) drawn over it, batched as the golden is; None when nothing has values to draw."""
+    mine, theirs = as_trajectory(obtained), as_trajectory(golden)
+    batched = bool(getattr(getattr(theirs, "schema", None), "batched", False))
+    return plot_golden_diff(mine, theirs, diff, path, batched=batched)
 
 
 def plot_golden_diff(obtained: Any, golden: Any, diff: Any, path: str | os.PathLike, *,

@@ -7,14 +7,15 @@ host work (frames, invariants, sinks) overlaps device work. With ``until=``, the
 travels from chunk to chunk on the device: the chunk dispatched ahead runs no step once it is set.
 
 The run itself is ``drive.host.loop.RunLoop``; what it works out before any step runs is
-``drive.device.plan``; ``drive.host.config`` checks the arguments. Two entries besides ``jl.run``:
-:func:`run_outcome` (the run's result or error as a value, with the partial run) and
-:func:`resume_run` (``jl.resume``'s, continuing from a checkpoint).
+``drive.device.plan``; ``drive.host.config`` declares the options (``RunConfig``; ``run``'s
+signature repeats them for the reader's IDE and makes one ``RunConfig`` of them) and checks them.
+Two entries besides ``jl.run`` take the options as keywords: :func:`run_outcome` (the run's
+result or error as a value, with the partial run) and :func:`resume_run` (``jl.resume``'s,
+continuing from a checkpoint).
 """
 
 from __future__ import annotations
 
-import inspect
 import time
 from typing import Any, Callable
 
@@ -23,7 +24,7 @@ from ..profiling.timings import CompileTracker
 from .checkpoints.checkpoint import ResumePoint
 from .device import program
 from .device.plan import DEFAULT_BUDGET, auto_chunk
-from .host.config import RunConfig, configure
+from .host.config import RunConfig, configure, options
 from .host.loop import RunLoop
 from .host.result import STOP_REASONS, Outcome, Run
 from .host.signals import sigterm_noted
@@ -98,27 +99,12 @@ def run(step: Callable, state: Any, steps: int, *, record: Any = None, invariant
     ``steps_done`` is the last written step).
     """
     __tracebackhide__ = hide_frame_from_checks
-    cfg = configure(step, state, steps, record=record, invariants=invariants, sinks=sinks, key=key, dt=dt,
-                    chunk=chunk, profile=profile, has_aux=has_aux, aux=aux, batched=batched, until=until,
-                    on_violation=on_violation, postmortem=postmortem, progress=progress,
-                    chunk_budget_bytes=chunk_budget_bytes, timeline=timeline, donate=donate, start_step=start_step,
-                    logs=logs, log_capacity=log_capacity, checkpoint=checkpoint, meta=meta, segments=segments)
-    return _execute(RunLoop(cfg, *_clock()), state)
-
-
-_RUN_PARAMETERS = inspect.signature(run)
-
-
-def _configure(step: Any, state: Any, steps: Any, kwargs: dict, resume: ResumePoint | None) -> RunConfig:
-    """``jl.run``'s arguments as keywords (its defaults for those not given), checked."""
-    try:
-        bound = _RUN_PARAMETERS.bind(step, state, steps, **kwargs)
-    except TypeError as e:
-        raise TypeError(f"run() {e}") from None
-    bound.apply_defaults()
-    args = dict(bound.arguments)
-    del args["step"], args["state"], args["steps"]
-    return configure(step, state, steps, **args, resume=resume)
+    given = RunConfig(step=step, steps=steps, record=record, invariants=invariants, sinks=sinks, key=key, dt=dt,
+                      chunk=chunk, profile=profile, has_aux=has_aux, aux=aux, batched=batched, until=until,
+                      on_violation=on_violation, postmortem=postmortem, progress=progress,
+                      chunk_budget_bytes=chunk_budget_bytes, timeline=timeline, donate=donate, start_step=start_step,
+                      logs=logs, log_capacity=log_capacity, checkpoint=checkpoint, meta=meta, segments=segments)
+    return _execute(RunLoop(configure(given, state), *_clock()), state)
 
 
 def _clock() -> tuple[CompileTracker, float]:
@@ -148,7 +134,7 @@ def run_outcome(step: Callable, state: Any, steps: int, **kwargs: Any) -> Outcom
     __tracebackhide__ = hide_frame_from_checks  # the error's traceback passes through here
     driver = None
     try:
-        driver = RunLoop(_configure(step, state, steps, kwargs, None), *_clock())
+        driver = RunLoop(configure(options(step, steps, kwargs), state), *_clock())
         return Outcome(_execute(driver, state), None)
     except BaseException as e:
         return Outcome(None if driver is None else driver.result, e)
@@ -158,4 +144,4 @@ def resume_run(step: Callable, state: Any, steps: int, point: ResumePoint, **kwa
     """``jl.run`` continuing the run recorded up to checkpoint ``point`` (``jl.resume``'s entry):
     ``kwargs`` are ``jl.run``'s."""
     __tracebackhide__ = hide_frame_from_checks
-    return _execute(RunLoop(_configure(step, state, steps, kwargs, point), *_clock()), state)
+    return _execute(RunLoop(configure(options(step, steps, kwargs), state, point), *_clock()), state)

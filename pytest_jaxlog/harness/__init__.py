@@ -4,7 +4,8 @@
 - ``session``: the per-process session: artifact directories, outcomes, manifest, terminal summary, xdist
   merge, and the errors that make a test *error* rather than fail
 - ``fixture``: the ``jaxlog`` fixture's object, and ``jaxlog_factory``'s for hypothesis ``@given`` tests
-- ``goldens``: trajectory, cost and ESS goldens from the test's side: regenerate, create missing, explain
+- ``goldens``: trajectory, cost and ESS goldens from the test's side, through one decision (``decide``):
+  compare, create a missing one, regenerate, leave a pending one for review, and the hint naming the flag
 - ``baselines``: benchmark baselines across sessions, from the test's side
 - ``devices``: ``@pytest.mark.jaxlog(devices=N)``: a test under N host CPU devices (a child pytest if need be)
 - ``processes``: ``@pytest.mark.jaxlog(processes=N)``: a test as N ``jax.distributed`` processes, their

@@ -1,5 +1,6 @@
 """Goldens from the test's side: the file a check uses, regenerating (``--jaxlog-regen``), creating
-missing ones (``--jaxlog-create-goldens``), and explaining a missing golden.
+missing ones (``--jaxlog-create-goldens``), and explaining a missing golden. Sections: the policy
+all compared products share (``decide``), trajectory goldens, ESS-rate goldens, cost goldens.
 
 A golden's name comes from the test id, which pytest makes relative to its rootdir; started from
 another directory, or without an ini file at the project root, the same test gets another id and
@@ -17,7 +18,7 @@ import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, NamedTuple
+from typing import Any, Iterable
 
 from ..errors import CostRegression, JaxlogAssertionError, JaxlogError, JaxlogRuntimeWarning
 from .options import GOLDEN_DIR_INI, OPTIONS, lookup
@@ -30,23 +31,125 @@ REVIEW_FLAG = OPTIONS["golden_review"].flag_name
 _SCAN_LIMIT = 20000  # files looked at when searching for a golden under another name
 
 
-class Rewrite(NamedTuple):
-    """A stored figure to (re)write instead of compare: ``status`` created|regenerated, ``flag``
-    the option that asked for it (for the warning)."""
+# ---------------------------------------------------------------------------------------------
+# The policy every compared product follows (trajectory, cost and ESS goldens): one verb per check
+# (``decide``), as pytest-regressions' ``perform_regression_check``, so the three wings cannot drift
+# apart on what a flag does or on the words that name the flag fixing a failure.
+#
+# What a check does with its stored file, by the session's flags and the comparison's outcome:
+# ``--jaxlog-regen`` writes (without reading the stored file: it may be damaged or of another
+# shape, which is what regenerating repairs), ``--jaxlog-create-goldens`` writes a missing one and
+# compares the others, a missing one fails otherwise, and a difference fails with the flag that
+# rewrites it. Under review (``--jaxlog-golden-review``, on where CI is set) a stored trajectory
+# golden is never rewritten: a difference leaves the obtained one pending beside it, and the
+# failure names the command that applies it. Cost and ESS goldens are one small readable file each,
+# rewritten under ``--jaxlog-regen`` even under review (they have no pending files).
+#
+# Benchmark baselines do not go through it: their stored file is a whole session's named run,
+# written by ``--jaxlog-benchmark-save=NAME`` beside the runs it compares with, never over them, and a
+# benchmark the saved run lacks is noted, not failed; there is nothing to regenerate, create or
+# review per test. Their failure message ends with the flag that fixes it as well
+# (``compare.baseline.failure_message``).
 
-    status: str
-    flag: str
+# outcomes: what a check knows of its stored file when it asks
+MISSING = "missing"  # no stored file (or no entry for this platform in it)
+STORED = "stored"  # a stored file, not compared yet
+SAME = "same"  # compared: within the tolerance
+DIFFERS = "differs"  # compared: outside it
+OUTCOMES = (MISSING, STORED, SAME, DIFFERS)
+
+# actions: what the check does
+COMPARE = "compare"  # compare with the stored file, then ask again with SAME or DIFFERS
+CREATE = "create"  # write: missing, and creation allowed
+REGENERATE = "regenerate"  # write: regenerating, whatever is stored
+PASS = "pass"  # the same as stored: nothing written
+FAIL = "fail"  # differs: the test fails, the hint names the flag that rewrites the file
+PENDING = "pending"  # differs under review: the stored file is left, the obtained one is pending beside it
+ABSENT = "absent"  # missing, and nothing allows writing it: the test fails, the hint names the flags
+ACCEPT_ID = "<ID>"  # where the pending file's id goes in the hint of a PENDING decision
 
 
-def rewrite(session: JaxlogSession, exists: bool) -> Rewrite | None:
-    """Whether a stored gate (cost, ESS rate) writes its figure rather than compares with it:
-    ``--jaxlog-regen`` always, ``--jaxlog-create-goldens`` where it is missing (``exists``: the
-    file, or this platform's entry in it); None: compare, or fail as missing."""
-    if session.regen:
-        return Rewrite("regenerated" if exists else "created", REGEN_FLAG)
-    if not exists and session.create_goldens:
-        return Rewrite("created", CREATE_FLAG)
-    return None
+@dataclass(frozen=True)
+class Product:
+    """What the policy needs of a compared product: its name in messages, whether a difference
+    under review leaves a pending file (``reviewable``) rather than a rewritten one, and the status
+    a regeneration reports where nothing was stored (trajectory goldens have always said
+    "regenerated", cost and ESS goldens "created": kept as users and summaries read them)."""
+
+    noun: str
+    reviewable: bool
+    regenerated_missing: str
+
+
+TRAJECTORY = Product(noun="golden trajectory", reviewable=True, regenerated_missing="regenerated")
+COST = Product(noun="cost golden", reviewable=False, regenerated_missing="created")
+ESS = Product(noun="ESS golden", reviewable=False, regenerated_missing="created")
+PRODUCTS = (TRAJECTORY, COST, ESS)
+
+
+@dataclass(frozen=True)
+class Flags:
+    """The session's flags the policy reads (``JaxlogSession``'s, resolved there)."""
+
+    regen: bool = False
+    create: bool = False
+    review: bool = False
+
+    @staticmethod
+    def of(session: JaxlogSession) -> Flags:
+        return Flags(regen=session.regen, create=session.create_goldens, review=session.golden_review)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a check does (``action``), the status it records and returns where it does not fail
+    (ok|created|regenerated|pending; "" while it has still to compare, or when it fails), the
+    option behind it (``flag``: the one that asked for a write, the one that fixes a failure, the
+    review that kept the file) and a failure's last line (``hint``: names the flag, or for a
+    pending file the command, that fixes it; "" where nothing fails)."""
+
+    action: str
+    status: str = ""
+    flag: str = ""
+    hint: str = ""
+
+    @property
+    def writes(self) -> bool:
+        return self.action in (CREATE, REGENERATE)
+
+    def accept_hint(self, pending_id: str) -> str:
+        """A PENDING decision's hint for the pending file ``pending_id``."""
+        return self.hint.replace(ACCEPT_ID, pending_id)
+
+
+MISSING_HINT = f"to create it, run pytest with {CREATE_FLAG} (missing goldens only) or {REGEN_FLAG}"
+REGEN_HINT = f"run pytest with {REGEN_FLAG}"  # a wing says why before it: "if the change is intended, ..."
+ACCEPT_HINT = (f"to apply it: python -m pytest_jaxlog golden accept {ACCEPT_ID} (reject: drop it; --all: every "
+               "pending golden)")
+
+
+def decide(product: Product, flags: Flags, outcome: str) -> Decision:
+    """What a check of ``product`` does with its stored file under ``flags``, given ``outcome``
+    (``MISSING``, ``STORED`` before comparing, ``SAME`` or ``DIFFERS`` after): the one place the
+    regenerate / create / review policy and the words of its hints are written."""
+    if outcome not in OUTCOMES:
+        raise JaxlogError(f"[jaxlog] decide(outcome={outcome!r}): one of {list(OUTCOMES)}")
+    if outcome == MISSING:
+        if flags.regen:
+            return Decision(action=REGENERATE, status=product.regenerated_missing, flag=REGEN_FLAG)
+        if flags.create:
+            return Decision(action=CREATE, status="created", flag=CREATE_FLAG)
+        return Decision(action=ABSENT, flag=CREATE_FLAG, hint=MISSING_HINT)
+    reviewed = flags.review and product.reviewable
+    if flags.regen and not reviewed:
+        return Decision(action=REGENERATE, status="regenerated", flag=REGEN_FLAG)
+    if outcome == STORED:
+        return Decision(action=COMPARE)
+    if outcome == SAME:
+        return Decision(action=PASS, status="ok")
+    if reviewed:
+        return Decision(action=PENDING, status="pending", flag=REVIEW_FLAG, hint=ACCEPT_HINT)
+    return Decision(action=FAIL, flag=REGEN_FLAG, hint=REGEN_HINT)
 
 
 def golden_path(session: JaxlogSession, nodeid: str, name: str | None) -> Path:
@@ -75,49 +178,57 @@ def check(session: JaxlogSession, state: TestState, checked: set[Path], run: Any
         )
     checked.add(path)
     written = path
-    if session.golden_review and path.exists():
-        status = _compare(session, state, run, path, name, options)
-    elif session.regen:
-        written, status = regenerate(run, path, **options), "regenerated"
-    elif not path.exists() and session.create_goldens:
-        regenerate(run, path, **options)
-        status = "created"
-    elif not path.exists():
+    flags = Flags.of(session)
+    decision = decide(TRAJECTORY, flags, STORED if path.exists() else MISSING)
+    if decision.action == ABSENT:
         raise JaxlogAssertionError(missing_message(session, state.nodeid, path))
+    if decision.action == REGENERATE:
+        written = regenerate(run, path, **options)
+    elif decision.action == CREATE:
+        regenerate(run, path, **options)
     else:
-        status = _compare(session, state, run, path, name, options)
+        decision = _compare(session, state, flags, run, path, name, options)
+    status = decision.status
     state.goldens.append(GoldenNote(written, status))
-    if status == "regenerated":
+    if decision.action == REGENERATE:
         warnings.warn(JaxlogRuntimeWarning(
-            f"[jaxlog] regenerated golden {session.display(written)} ({REGEN_FLAG}){_status_note(run)}"), stacklevel=3)
-    elif status == "created":
+            f"[jaxlog] regenerated golden {session.display(written)} ({decision.flag}){_status_note(run)}"),
+            stacklevel=3)
+    elif decision.action == CREATE:
         found = find_elsewhere(session, state.nodeid, path)
         other = f"; note: {found[0].explain(session)}" if found else ""
         warnings.warn(JaxlogRuntimeWarning(
-            f"[jaxlog] created missing golden {session.display(path)} ({CREATE_FLAG}){_status_note(run)}{other}"),
+            f"[jaxlog] created missing golden {session.display(path)} ({decision.flag}){_status_note(run)}{other}"),
             stacklevel=3)
     return status
 
 
-def _compare(session: JaxlogSession, state: TestState, run: Any, path: Path, name: str | None,
-             options: dict[str, Any]) -> str:
+def _compare(session: JaxlogSession, state: TestState, flags: Flags, run: Any, path: Path, name: str | None,
+             options: dict[str, Any]) -> Decision:
     """Compare with this platform's entry (else the reference); a difference fails the test, and
     under review writes the obtained golden beside the entry as a pending file first."""
-    from ..compare.golden import TrajectoryMismatch, compare_golden
-    from . import report as failure_plots
+    from ..compare.golden import TrajectoryMismatch, compare_golden, plot_mismatch
+    from .report import failure_plot
 
     __tracebackhide__ = True
     result = compare_golden(run, path, **options)
-    if result.ok:
-        return "ok"
-    hint = _review(session, state, run, result, options) if session.golden_review else None
+    decision = decide(TRAJECTORY, flags, SAME if result.ok else DIFFERS)
+    if decision.action == PASS:
+        return decision
+    if decision.action == PENDING:
+        hint = _review(session, state, run, result, options, decision)
+    else:
+        hint = result.hint(decision.hint)
     exc = TrajectoryMismatch(result.message(hint), result.diff)
-    failure_plots.golden_mismatch(session, state, run, result.entry.path, name, exc)
+    label = "golden" if name is None else f"golden--{name}"
+    failure_plot(session, state, label, f"{label}-diff.png", "golden mismatch",
+                 lambda file: plot_mismatch(run, result.entry.path, result.diff, file), exc)
     raise exc
 
 
-def _review(session: JaxlogSession, state: TestState, run: Any, result: Any, options: dict[str, Any]) -> str:
-    """Write the pending golden of a mismatch (the golden itself untouched); the message's last line."""
+def _review(session: JaxlogSession, state: TestState, run: Any, result: Any, options: dict[str, Any],
+            decision: Decision) -> str:
+    """Write the pending golden of a mismatch (the golden itself untouched); the message's last lines."""
     from ..compare import golden_files as golden_pending
     from ..compare.golden import write_golden
 
@@ -125,12 +236,11 @@ def _review(session: JaxlogSession, state: TestState, run: Any, result: Any, opt
     summary = "\n".join([result.provenance_line(), *result.diff.report().splitlines()[:2]])
     pending = golden_pending.write(lambda tmp: write_golden(run, tmp, jax_range, **options), result.target,
                                    session.golden_dir, test=state.nodeid, summary=summary)
-    state.goldens.append(GoldenNote(result.target, "pending", pending.data, pending.id))
+    state.goldens.append(GoldenNote(result.target, decision.status, pending.data, pending.id))
     source = lookup(session.config, "golden_review")
     why = "CI is set" if source.origin == "default" else f"{source.label} is on"
     return (f"golden left as it is (review: {why}); the obtained one is pending as {session.display(pending.data)}"
-            f"\nto apply it: python -m pytest_jaxlog golden accept {pending.id} (reject: drop it; --all: every "
-            "pending golden)")
+            f"\n{decision.accept_hint(pending.id)}")
 
 
 def _status_note(run: Any) -> str:
@@ -153,7 +263,7 @@ def missing_message(session: JaxlogSession, nodeid: str, path: Path) -> str:
         lines.append("  pytest names goldens after test ids relative to its rootdir: run pytest where the goldens "
                      "were made, or put an ini file (pytest.ini, or pyproject.toml with [tool.pytest.ini_options]) "
                      "at the project root so the rootdir does not depend on where pytest starts")
-    lines.append(f"to create it, run pytest with {CREATE_FLAG} (missing goldens only) or {REGEN_FLAG}")
+    lines.append(decide(TRAJECTORY, Flags(), MISSING).hint)
     return "\n".join(lines)
 
 
@@ -260,7 +370,7 @@ def _files(directory: Path) -> list[Path]:
 #
 # One figure per file, not per platform as cost goldens: a rate per gradient evaluation is a
 # property of the sampler, the same on every backend within its error. ``--jaxlog-regen`` rewrites
-# it, ``--jaxlog-create-goldens`` writes it when missing (``goldens.rewrite``), under CI as well, as
+# it, ``--jaxlog-create-goldens`` writes it when missing (``decide``), under CI as well, as
 # for cost goldens. A stored file whose figures are not finite or not positive would pass or fail
 # anything, so it is refused when read, naming the field and the element.
 
@@ -306,19 +416,19 @@ def check_ess(session: JaxlogSession, state: TestState, checked: set[Path], valu
                           "give each checked rate its own name=")
     checked.add(path)
     shown = session.display(path)
-    write = rewrite(session, path.exists())
-    if write is not None:
+    flags = Flags.of(session)
+    decision = decide(ESS, flags, STORED if path.exists() else MISSING)
+    if decision.writes:
         _write(path, rate, state.nodeid)
-        warnings.warn(JaxlogRuntimeWarning(f"[jaxlog] {write.status} ESS golden {shown} "
-                                           f"({_figures(rate.value, rate.se, rate.unit)}) ({write.flag})"),
+        warnings.warn(JaxlogRuntimeWarning(f"[jaxlog] {decision.status} ESS golden {shown} "
+                                           f"({_figures(rate.value, rate.se, rate.unit)}) ({decision.flag})"),
                       stacklevel=3)
-        state.goldens.append(GoldenNote(path, write.status))
-        return write.status
-    if not path.exists():
+        state.goldens.append(GoldenNote(path, decision.status))
+        return decision.status
+    if decision.action == ABSENT:
         raise JaxlogAssertionError(f"[jaxlog] ESS golden {shown} does not exist: the rate a sampler reaches is known "
-                                   f"only after a first run\nto create it, run pytest with {CREATE_FLAG} (missing "
-                                   f"goldens only) or {REGEN_FLAG}")
-    status = _compare_ess(state, read(path, shown), rate, shown, sigmas, inconclusive)
+                                   f"only after a first run\n{decision.hint}")
+    status = _compare_ess(state, flags, read(path, shown), rate, shown, sigmas, inconclusive)
     state.goldens.append(GoldenNote(path, status))
     return status
 
@@ -353,7 +463,7 @@ def _rate_of(values: Any, record: str | None, per: Any, unit: str | None, chain_
     return values.per(per, unit)
 
 
-def _compare_ess(state: TestState, stored: StoredRate, rate: Any, shown: str, sigmas: float, inconclusive: str) -> str:
+def _compare_ess(state: TestState, flags: Flags, stored: StoredRate, rate: Any, shown: str, sigmas: float, inconclusive: str) -> str:
     """Judge each element against the stored rate; fail on any below it (or one that cannot tell,
     unless ``inconclusive="pass"``), note a rate clearly above it (a regression back to the stored
     figure would pass: worth storing)."""
@@ -363,13 +473,13 @@ def _compare_ess(state: TestState, stored: StoredRate, rate: Any, shown: str, si
 
     __tracebackhide__ = True
     what = "the draws" if rate.record is None else f"record {rate.record!r}"
+    fix = decide(ESS, flags, DIFFERS).hint  # every failure below: the stored rate no longer stands
     shape = tuple(int(n) for n in np.shape(rate.value))
     if stored.unit != rate.unit or stored.shape != shape:
         field, was, now = ("unit", stored.unit, rate.unit) if stored.unit != rate.unit else \
             ("shape", list(stored.shape), list(shape))
         raise JaxlogAssertionError(f"[jaxlog] ESS golden {shown} holds a rate of {field} {was!r}, {what} gives "
-                                   f"{field} {now!r}: they cannot be compared\nif the check changed on purpose, run "
-                                   f"pytest with {REGEN_FLAG}")
+                                   f"{field} {now!r}: they cannot be compared\nif the check changed on purpose, {fix}")
     values, ses = np.ravel(rate.value), np.ravel(rate.se)
     found = []
     for i, (v, s, g, gs) in enumerate(zip(values, ses, stored.value, stored.se)):
@@ -379,13 +489,12 @@ def _compare_ess(state: TestState, stored: StoredRate, rate: Any, shown: str, si
     lines = [f"  {at or 'rate'}: {j.describe(rate.unit)}" for at, j in (bad or found)]
     if any(j.verdict == BELOW for _, j in bad):
         raise JaxlogAssertionError("\n".join([f"[jaxlog] ESS rate of {what} fell below ESS golden {shown}:", *lines,
-                                              f"if the sampler was made slower on purpose, run pytest with "
-                                              f"{REGEN_FLAG}"]))
+                                              f"if the sampler was made slower on purpose, {fix}"]))
     if bad:
         head = f"[jaxlog] ESS rate of {what} against ESS golden {shown}: cannot tell"
         if inconclusive == "fail":
             raise JaxlogAssertionError("\n".join([f"{head}:", *lines, "measure with more or longer chains (and the "
-                                                  f"golden the same way: run pytest with {REGEN_FLAG})"]))
+                                                  f"golden the same way: {fix})"]))
         state.notes.append(f"{head} (inconclusive='pass')")
         warnings.warn(JaxlogRuntimeWarning("\n".join([f"{head}; passed (inconclusive='pass'):", *lines])),
                       stacklevel=3)
@@ -398,7 +507,7 @@ def _compare_ess(state: TestState, stored: StoredRate, rate: Any, shown: str, si
         warnings.warn(JaxlogRuntimeWarning(
             f"[jaxlog] ESS rate of {what} is above ESS golden {shown} by more than {sigmas:g} standard errors "
             f"({', '.join(above)}): if the sampler was made faster on purpose, store the new rate so a regression "
-            f"back is caught: run pytest with {REGEN_FLAG}"), stacklevel=3)
+            f"back is caught: {fix}"), stacklevel=3)
     return "ok"
 
 
@@ -508,30 +617,39 @@ def check_cost(session: JaxlogSession, state: TestState, checked: set[Path], run
     state.costs.append({"name": name, "platform": key, "metrics": cost.metrics()})
     entries = costfile.read(path)
     shown = session.display(path)
-    write = rewrite(session, key in entries)
-    if write is not None:
-        status = write.status
+    flags = Flags.of(session)
+    decision = decide(COST, flags, STORED if key in entries else MISSING)
+    if decision.writes:
         costfile.write(path, cost, state.nodeid)
-        warnings.warn(JaxlogRuntimeWarning(f"[jaxlog] {status} cost golden {shown} entry {key!r} ({write.flag})"),
-                      stacklevel=3)
-    elif key not in entries:
+        warnings.warn(JaxlogRuntimeWarning(f"[jaxlog] {decision.status} cost golden {shown} entry {key!r} "
+                                           f"({decision.flag})"), stacklevel=3)
+    elif decision.action == ABSENT:
         what = f"has no entry for {key!r} (it has {sorted(entries)})" if entries else "does not exist"
         raise JaxlogAssertionError(f"[jaxlog] cost golden {shown} {what}: XLA's figures depend on the backend and "
-                                   f"jax version\nto create it, run pytest with {CREATE_FLAG} (missing goldens "
-                                   f"only) or {REGEN_FLAG}")
+                                   f"jax version\n{decision.hint}")
     else:
-        moved = costfile.compare(entries[key].get("metrics", {}), cost.metrics(), rtol, metrics,
-                                 where=f"cost golden {shown} entry {key!r}")
-        if moved:
-            from . import report as failure_plots
+        stored = entries[key].get("metrics", {})
+        moved = costfile.compare(stored, cost.metrics(), rtol, metrics, where=f"cost golden {shown} entry {key!r}")
+        decision = decide(COST, flags, DIFFERS if moved else SAME)
+        if decision.action == FAIL:
+            _cost_failed(session, state, decision, shown, key, stored, cost.metrics(), rtol, metrics, moved, name)
+    state.goldens.append(GoldenNote(path, decision.status))
+    return decision.status
 
-            exc = CostRegression(_message(shown, key, moved, rtol), tuple(moved))
-            failure_plots.cost_regression(session, state, entries[key].get("metrics", {}), cost.metrics(), rtol,
-                                          metrics, moved, f"{state.nodeid}: cost against {shown} [{key}]", name, exc)
-            raise exc
-        status = "ok"
-    state.goldens.append(GoldenNote(path, status))
-    return status
+
+def _cost_failed(session: JaxlogSession, state: TestState, decision: Decision, shown: str, key: str, stored: dict,
+                 obtained: dict, rtol: float, metrics: Iterable[str] | None, moved: list, name: str | None) -> None:
+    """Raise the cost wing's failure, its picture attached."""
+    from ..compare.cost import failure_message, plot_regression
+    from .report import failure_plot
+
+    __tracebackhide__ = True
+    exc = CostRegression(failure_message(shown, key, moved, rtol, decision.hint), tuple(moved))
+    label = "cost" if name is None else f"cost--{name}"
+    title = f"{state.nodeid}: cost against {shown} [{key}]"
+    failure_plot(session, state, label, f"{label}.png", "cost regression",
+                 lambda file: plot_regression(stored, obtained, rtol, metrics, moved, title, file), exc)
+    raise exc
 
 
 def _cost_of(run: Any) -> Any:
@@ -542,14 +660,3 @@ def _cost_of(run: Any) -> Any:
         raise JaxlogError(f"check_cost: expected a jl.run result or a jl.Cost, got {type(run).__name__}"
                           + (" (a run that dispatched no step has no cost)" if hasattr(run, "steps_done") else ""))
     return cost
-
-
-def _message(shown: str, key: str, moved: list, rtol: float) -> str:
-    lines = [f"[jaxlog] compiled cost moved from cost golden {shown} [{key}] (rtol={rtol:g}):"]
-    lines += [f"  {m.describe()}" for m in moved]
-    if all(m.improved for m in moved):
-        lines.append("every figure went down: if the kernel was made cheaper on purpose, store the new figures "
-                     f"so a regression back is caught: run pytest with {REGEN_FLAG}")
-    else:
-        lines.append(f"if the change is intended, run pytest with {REGEN_FLAG}")
-    return "\n".join(lines)

@@ -159,6 +159,33 @@ def lookup(config: pytest.Config, key: str | Option, environ: Mapping[str, str] 
     return Sourced(opt.default, "default", "default")
 
 
+def usage_error(error: BaseException | str) -> pytest.UsageError:
+    """A bad setting as pytest's usage error: one ``[jaxlog]`` line, no traceback, naming where the
+    value came from (the message says so: ``jaxlog chunk (JAXLOG_CHUNK=banana): ...``)."""
+    text = str(error)
+    return pytest.UsageError(text if text.startswith("[jaxlog]") else f"[jaxlog] {text}")
+
+
+def given_explicitly(config: pytest.Config, options: Iterable[Option]) -> str | None:
+    """The first of ``options`` given on the command line or set in the ini file (the golden
+    directory's ini key included), as a user would name it; None when none is. The environment
+    does not count: CI sets ``JAXLOG_*`` once for every test command, jaxlog's or not."""
+    for opt in options:
+        value = config.getoption(opt.dest, None)
+        if value is not None and value is not False:
+            return opt.flag_name
+        if opt.ini:
+            try:
+                ini = config.getini(opt.ini_name)
+            except ValueError:  # a bad boolean: set, and the session's resolution names it
+                return f"ini {opt.ini_name}"
+            if ini not in (None, "") and ini != opt.default:
+                return f"ini {opt.ini_name}"
+    if str(config.getini(GOLDEN_DIR_INI)) != GOLDEN_DIR_DEFAULT:
+        return f"ini {GOLDEN_DIR_INI}"
+    return None
+
+
 def what(key: str, source: Sourced) -> str:
     """``jaxlog keep (JAXLOG_KEEP=sometimes)``: the head of an error about option ``key``."""
     return f"jaxlog {key} ({source.label})"

@@ -15,7 +15,7 @@ import warnings
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
-from typing import Any, Generator, Iterable
+from typing import Any, Callable, Generator, Iterable
 from urllib.parse import quote
 
 import pytest
@@ -135,6 +135,8 @@ def add_html_extras(item: pytest.Item, report: pytest.TestReport) -> None:
 # ---------------------------------------------------------------------------------------------
 # Plots of failed golden and cost checks, left in the test's artifact directory and listed as
 # its ``plot`` artifact; the failure's message names the file, or says how to get matplotlib.
+# Each wing draws its own picture (``compare.golden.plot_mismatch``, ``compare.cost.plot_regression``);
+# this side only names the file, lists it and attaches it.
 #
 # A plot that cannot be drawn never hides the failure it illustrates: it is warned about and the
 # check's own error is raised as it was.
@@ -159,11 +161,14 @@ def _note_plot(session: JaxlogSession, state: TestState, label: str, path: Path 
         exc.args = (_before_the_fix(exc.args[0], line), *exc.args[1:])
 
 
+FIXES = ("--jaxlog-", "python -m pytest_jaxlog ")  # what a last line that fixes a failure names: a flag, a command
+
+
 def _before_the_fix(message: str, line: str) -> str:
-    """``line`` added to ``message``, above its last line when that names the flag that fixes the
-    failure: a failure's message ends with its fix."""
+    """``line`` added to ``message``, above its last line when that names the flag (or, for a
+    pending golden, the command) that fixes the failure: a failure's message ends with its fix."""
     head, sep, last = message.rpartition("\n")
-    if sep and "--jaxlog-" in last:
+    if sep and any(fix in last for fix in FIXES):
         return f"{head}\n{line}\n{last}"
     return f"{message}\n{line}"
 
@@ -185,38 +190,12 @@ def _draw(what: str, draw: Any) -> Path | None:
         return None
 
 
-def golden_mismatch(session: JaxlogSession, state: TestState, run: Any, golden: Path, name: str | None,
-                    exc: Any) -> None:
-    """``<test dir>/golden[--name]-diff.png``: obtained over golden, the first difference marked."""
-    from ..compare.golden import as_trajectory, plot_golden_diff
-
-    diff = getattr(exc, "diff", None)
-    if diff is None:  # the golden file is missing: nothing to draw
-        return
-    label = "golden" if name is None else f"golden--{name}"
-
-    def draw() -> Path | None:
-        obtained, expected = as_trajectory(run), as_trajectory(golden)
-        batched = bool(getattr(getattr(expected, "schema", None), "batched", False))
-        return plot_golden_diff(obtained, expected, diff, state.dir / f"{label}-diff.png", batched=batched)
-
-    _note_plot(session, state, label, _draw("golden mismatch", draw), exc)
-
-
-def cost_regression(session: JaxlogSession, state: TestState, stored: dict, obtained: dict, rtol: float,
-                    metrics: Iterable[str] | None, moved: list, title: str, name: str | None, exc: Any) -> None:
-    """``<test dir>/cost[--name].png``: obtained / stored per compared metric, the moved ones red."""
-    from ..compare.cost import CostBar, _order, plot_cost, selected
-
-    label = "cost" if name is None else f"cost--{name}"
-
-    def draw() -> Path:
-        names = selected(sorted(set(stored) | set(obtained), key=_order), metrics)  # every compared metric
-        bad = {m.metric for m in moved}
-        bars = [CostBar(n, stored.get(n), obtained.get(n), n in bad) for n in names]
-        return plot_cost(bars, rtol, title, state.dir / f"{label}.png")
-
-    _note_plot(session, state, label, _draw("cost regression", draw), exc)
+def failure_plot(session: JaxlogSession, state: TestState, label: str, file: str, what: str,
+                 draw: Callable[[Path], Path | None], exc: BaseException) -> None:
+    """``<test dir>/<file>``, drawn by the wing that failed (``draw(path)``: its picture, None when
+    it has nothing to draw), listed as the test's plot (``label``) and named in ``exc``'s message.
+    The drawing is the wing's; where the file goes and how it is attached is the pytest side's."""
+    _note_plot(session, state, label, _draw(what, lambda: draw(state.dir / file)), exc)
 
 # ---------------------------------------------------------------------------------------------
 # Small inline SVG plots of a scalar record for the session's HTML report: no matplotlib, no

@@ -35,6 +35,7 @@ from .options import (
     marker_settings,
     parse_flag,
     resolve_settings,
+    usage_error,
     what,
 )
 
@@ -242,8 +243,75 @@ SESSION_KEY = pytest.StashKey["JaxlogSession"]()
 # the session
 
 
+@dataclass(frozen=True)
+class Places:
+    """Where the session reads and writes: paths a user types are relative to ``invocation`` (from
+    the command line or environment) or to ``root`` (from the ini file)."""
+
+    invocation: Path
+    root: Path
+    base: Path  # the artifact directory (the manifest's)
+    golden: Path  # the golden trajectories'
+
+
+@dataclass(frozen=True)
+class GoldenMode:
+    """What a golden that differs or is missing does: rewritten, created, or left as it is for review."""
+
+    regen: bool
+    create: bool
+    review: bool
+
+
+@dataclass
+class CompileCache:
+    """JAX's persistent compilation cache for the session: the directory given (or found on first
+    use, ``default``), and how to give JAX's settings back (``undo``, None while not in use)."""
+
+    path: Path | None
+    default: bool  # not given: this machine's subdirectory of pytest's cache, found on first use
+    undo: Any = None
+
+
+@dataclass
+class History:
+    """What earlier sessions left in the artifact directory: the previous manifest (``earlier``),
+    kept and listed as stale, or removed under ``--jaxlog-clean-stale``."""
+
+    clean: bool  # --jaxlog-clean-stale
+    earlier: Any = None  # artifacts.Earlier: the previous manifest, whose other tests' evidence is kept
+    previous_manifest: bool = False
+    clean_later: bool = False  # started late (an xdist controller): remove at the end, not under running tests
+    removed: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    carried: list[dict] = field(default_factory=list)  # entries from earlier sessions (stale), summarised apart
+    counts: dict[str, int] = field(default_factory=lambda: {"tests": 0, "dirs": 0})  # what the manifest carried
+
+
+@dataclass
+class Held:
+    """What the session changed in the process and gives back: SIGTERM's handler (from the first
+    test that uses jaxlog, ``active``) and the core's messages' project directory."""
+
+    project: Any = None  # undoes paths.use_project
+    sigterm: Any = None  # the entered drive.host.signals.sigterm_as_interrupt
+    active: bool = False
+
+
+def artifact_dir(config: pytest.Config, worker: dict | None = None) -> Path:
+    """The artifact directory, unchecked: an xdist controller hands it to its workers before it
+    knows whether any test uses jaxlog (it cannot fail, and decides nothing)."""
+    if worker is not None and "jaxlog_dir" in worker:
+        return Path(worker["jaxlog_dir"])
+    src = lookup(config, "dir")
+    where = Path(config.invocation_params.dir) if src.origin in ("cli", "env") else Path(config.rootpath)
+    return (where.resolve() / os.path.expanduser(str(src.value))).resolve()
+
+
 class JaxlogSession:
-    """One per pytest process, in ``config.stash``: settings, artifact directories, manifest entries."""
+    """One per pytest process that uses jaxlog, in ``config.stash``: settings, artifact directories,
+    manifest entries. Made when jaxlog is first used (``plugin.py``); every setting is resolved
+    here, so a bad one is a usage error of a session that uses jaxlog only."""
 
     def __init__(self, config: pytest.Config):
         self.config = config
@@ -251,47 +319,81 @@ class JaxlogSession:
         try:
             child = child_spec()
         except JaxlogError as e:
-            raise pytest.UsageError(str(e)) from None
+            raise usage_error(e) from None
         if self.worker is None and child is not None:  # a child running one test for a parent session
             self.worker = {"workerid": child.get("workerid"), "jaxlog_dir": child.get("jaxlog_dir")}
-        self.invocation_dir = Path(config.invocation_params.dir).resolve()
-        self.rootdir = Path(config.rootpath).resolve()
+        invocation = Path(config.invocation_params.dir).resolve()
+        root = Path(config.rootpath).resolve()
         try:
-            self.base = self._resolve_base()
+            base = self._resolve_base()
             self.settings = resolve_settings(config)
             regen, create = lookup(config, "regen"), lookup(config, "create_goldens")
-            self.regen = parse_flag(regen.value, what("regen", regen))
-            self.create_goldens = parse_flag(create.value, what("create_goldens", create))
-            self.golden_review = golden_review(config)
+            self.golden_mode = GoldenMode(regen=parse_flag(regen.value, what("regen", regen)),
+                                          create=parse_flag(create.value, what("create_goldens", create)),
+                                          review=golden_review(config))
             clean = lookup(config, "clean_stale")
-            self.clean_stale = parse_flag(clean.value, what("clean_stale", clean))
-            self.compile_cache = self._resolve_compile_cache()
+            self.history = History(clean=parse_flag(clean.value, what("clean_stale", clean)))
+            self.cache = self._resolve_compile_cache(invocation, root)
             self.baselines = Baselines(config, self.worker)
         except JaxlogError as e:
-            raise pytest.UsageError(str(e)) from None
-        self._undo_compile_cache = None
-        self.active = False  # set on the first test that uses jaxlog (activate)
-        self.discard = Discard(self.base)
+            raise usage_error(e) from None
+        self.discard = Discard(base)
         golden = Path(os.path.expanduser(str(config.getini(GOLDEN_DIR_INI))))
-        self.golden_dir = golden if golden.is_absolute() else self.rootdir / golden
+        self.places = Places(invocation=invocation, root=root, base=base,
+                             golden=golden if golden.is_absolute() else root / golden)
         self.entries: dict[str, dict] = {}
         self.current_item: pytest.Item | None = None
         self.started = time.time()
-        self.earlier: Any = None  # stale.Earlier: the previous manifest, whose other tests' evidence is kept
         self.session_id = ""
-        self.stale_counts = {"tests": 0, "dirs": 0}  # what the manifest carried from earlier sessions
-        self.carried: list[dict] = []  # those entries (marked stale, each with its session): summarised apart
-        self.removed_stale: list[str] = []
-        self.start_notes: list[str] = []
-        self.previous_manifest = False
-        self._undo_project: Any = use_project(self.rootdir)  # the core's messages (display_path) too
+        self.held = Held(project=use_project(root))  # the core's messages (display_path) too
+
+    # the places and modes by the names the rest of the pytest side reads
+    @property
+    def base(self) -> Path:
+        return self.places.base
+
+    @property
+    def rootdir(self) -> Path:
+        return self.places.root
+
+    @property
+    def invocation_dir(self) -> Path:
+        return self.places.invocation
+
+    @property
+    def golden_dir(self) -> Path:
+        return self.places.golden
+
+    @property
+    def regen(self) -> bool:
+        return self.golden_mode.regen
+
+    @property
+    def create_goldens(self) -> bool:
+        return self.golden_mode.create
+
+    @property
+    def golden_review(self) -> bool:
+        return self.golden_mode.review
+
+    @property
+    def compile_cache(self) -> Path | None:
+        return self.cache.path
+
+    @property
+    def previous_manifest(self) -> bool:
+        return self.history.previous_manifest
+
+    @property
+    def active(self) -> bool:
+        return self.held.active
 
     def activate(self) -> None:
         """On the first test that uses jaxlog (fixture or marker), not at configure: a session where
         no test asks for jaxlog keeps its SIGTERM handler and JAX's settings as they were."""
-        if self.active:
+        if self.held.active:
             return
-        self.active = True
+        self.held.active = True
         self.catch_sigterm()
         self.use_compile_cache()
 
@@ -301,70 +403,65 @@ class JaxlogSession:
         writes its reports and the manifest. Only over the default action, in the main thread."""
         from ..drive.host.signals import sigterm_as_interrupt
 
-        self._sigterm = sigterm_as_interrupt()
-        self._sigterm.__enter__()
+        self.held.sigterm = sigterm_as_interrupt()
+        self.held.sigterm.__enter__()
 
     def release_sigterm(self) -> None:
         """Give SIGTERM back its previous handler."""
-        held = getattr(self, "_sigterm", None)
+        held, self.held.sigterm = self.held.sigterm, None
         if held is not None:
-            self._sigterm = None
             held.__exit__(None, None, None)
 
-    def _resolve_compile_cache(self) -> Path | None:
+    def _resolve_compile_cache(self, invocation: Path, root: Path) -> CompileCache:
         """The directory given (option, variable, ini key), or None: off, or the default, which
-        ``use_compile_cache`` finds on first use (``self.default_compile_cache``)."""
+        ``use_compile_cache`` finds on first use (``CompileCache.default``)."""
         src = lookup(self.config, "compile_cache")
         text = str(src.value).strip()
-        self.default_compile_cache = text.lower() in ("", "auto")
+        default = text.lower() in ("", "auto")
         if text.lower() in ("", "auto", "none", "off", "0", "false", "no"):
-            return None
-        where = self.invocation_dir if src.origin in ("cli", "env") else self.rootdir
+            return CompileCache(path=None, default=default)
+        where = invocation if src.origin in ("cli", "env") else root
         path = (where / os.path.expanduser(text)).resolve()
         if path.exists() and not path.is_dir():
             raise JaxlogError(f"{what('compile_cache', src)}: {path} is a file, not a directory")
-        return path
+        return CompileCache(path=path, default=default)
 
     def use_compile_cache(self) -> None:
         """Point JAX's persistent compilation cache at ``--jaxlog-compile-cache`` for this session; by
         default at this machine's subdirectory of pytest's cache (none under ``-p no:cacheprovider``,
         nor where the user configured JAX's cache directory already)."""
-        if self._undo_compile_cache is not None:
+        if self.cache.undo is not None:
             return
         from .compile_cache import PrivateCache, configured_elsewhere, machine_key, use_compile_cache
 
-        if self.compile_cache is None and self.default_compile_cache:
+        if self.cache.path is None and self.cache.default:
             cache = getattr(self.config, "cache", None)  # absent under -p no:cacheprovider
             if cache is None or configured_elsewhere():
                 return
             try:
-                self.compile_cache = Path(cache.mkdir(DEFAULT_COMPILE_CACHE)) / machine_key()
+                self.cache.path = Path(cache.mkdir(DEFAULT_COMPILE_CACHE)) / machine_key()
             except OSError:  # an unwritable pytest cache: no default cache, as cacheprovider itself copes
                 return
-        if self.compile_cache is not None:
-            private = PrivateCache(self.compile_cache)
+        if self.cache.path is not None:
+            private = PrivateCache(self.cache.path)
             try:
                 undo = use_compile_cache(private.open())
             except OSError as e:  # on first use, inside a test: that test errors with the reason
-                raise JaxlogError(f"[jaxlog] compile_cache: cannot create {self.compile_cache}: {e}") from None
+                raise JaxlogError(f"[jaxlog] compile_cache: cannot create {self.cache.path}: {e}") from None
 
             def release() -> None:
                 undo()
                 private.publish()
-            self._undo_compile_cache = release
+            self.cache.undo = release
 
     def release_compile_cache(self) -> None:
         """JAX's settings back as they were, and this session's new entries into the shared cache."""
-        undo, self._undo_compile_cache = self._undo_compile_cache, None
+        undo, self.cache.undo = self.cache.undo, None
         if undo is not None:
             undo()
 
     def _resolve_base(self) -> Path:
-        if self.worker is not None and "jaxlog_dir" in self.worker:
-            return Path(self.worker["jaxlog_dir"])
-        src = lookup(self.config, "dir")
-        where = self.invocation_dir if src.origin in ("cli", "env") else self.rootdir
-        base = (where / os.path.expanduser(str(src.value))).resolve()
+        base = artifact_dir(self.config, self.worker)
         if base.exists() and not base.is_dir():  # else every test errors and the manifest crashes the session
             raise JaxlogError(f"jaxlog dir ({OPTIONS['dir'].sources()}): {base} is a file, not a directory")
         return base
@@ -376,7 +473,7 @@ class JaxlogSession:
 
     def release_project(self) -> None:
         """The core's messages (golden mismatches) stop showing paths relative to this rootdir."""
-        undo, self._undo_project = self._undo_project, None
+        undo, self.held.project = self.held.project, None
         if undo is not None:
             undo()
 
@@ -391,10 +488,12 @@ class JaxlogSession:
             return str(p)
 
     # -- session start: directories of earlier sessions -------------------------------------------
-    def start(self) -> None:
+    def start(self, late: bool = False) -> None:
         """Read what the previous manifest names: kept (tests run again replace only their own
         directories; the others stay, listed as stale), or removed under ``--jaxlog-clean-stale``.
-        Only directories a manifest names are touched, never other files in the folder."""
+        Only directories a manifest names are touched, never other files in the folder. ``late``:
+        an xdist controller that first met jaxlog in a worker's report, with tests running: the
+        removal waits for the end of the session and spares the directories its tests use."""
         if self.worker is not None or self.config.option.collectonly:
             return
         from ..store import manifest  # lazy: the plugin imports no package layer at load
@@ -403,17 +502,18 @@ class JaxlogSession:
         path = self.base / manifest.NAME
         if not path.is_file():
             return
+        history = self.history
         try:
             earlier = Earlier(self.base, manifest.read(path))
         except JaxlogError as e:
-            self.start_notes.append(f"the previous {self.display(path)} is unreadable ({e}): the directories it "
-                                    "names were left as they are")
+            history.notes.append(f"the previous {self.display(path)} is unreadable ({e}): the directories it "
+                                 "names were left as they are")
             return
-        self.previous_manifest = True
-        if self.clean_stale:
-            self.removed_stale = remove(earlier.named_dirs())
+        history.previous_manifest = True
+        if history.clean and not late:
+            history.removed = remove(earlier.named_dirs())
         else:
-            self.earlier = earlier
+            history.earlier, history.clean_later = earlier, history.clean
 
     # -- per test --------------------------------------------------------------------------------
     def state_for(self, item: pytest.Item) -> TestState:
@@ -567,13 +667,19 @@ class JaxlogSession:
     def _earlier(self) -> tuple[list[dict], list[dict]]:
         """Entries carried from earlier sessions (stale) and the stale directory list; the earlier
         directories of tests run again that this session's entries no longer name are removed."""
-        if self.earlier is None:
+        history = self.history
+        if history.earlier is None:
             return [], []
         from .artifacts import remove
 
-        remove(self.earlier.replaced(self.entries))
-        carried = self.earlier.carried(self.entries)
-        return carried, self.earlier.stale_dirs(carried, self.entries)
+        if history.clean_later:  # --jaxlog-clean-stale, started late: what this session's tests use stays
+            mine = {e.get("dir") for e in self.entries.values()} | {safe_name(nodeid) for nodeid in self.entries}
+            history.removed = remove([d for d in history.earlier.named_dirs() if d.name not in mine])
+            history.earlier = None
+            return [], []
+        remove(history.earlier.replaced(self.entries))
+        carried = history.earlier.carried(self.entries)
+        return carried, history.earlier.stale_dirs(carried, self.entries)
 
     def write_manifest(self, exitstatus: int) -> Path | None:
         """``manifest.json`` in the artifact directory; every path in it is relative to that directory."""
@@ -600,19 +706,20 @@ class JaxlogSession:
                 "regen": self.regen,
                 "create_goldens": self.create_goldens,
                 "golden_review": self.golden_review,
-                "clean_stale": self.clean_stale,
+                "clean_stale": self.history.clean,
             },
             tests=sorted([*self.entries.values(), *carried], key=lambda e: e["nodeid"]),
             stale=stale,
         )
-        self.stale_counts = {"tests": len(carried), "dirs": len(stale)}
-        self.carried = carried
+        self.history.counts = {"tests": len(carried), "dirs": len(stale)}
+        self.history.carried = carried
         return manifest.write(self.base, doc)
 
     def summary(self, tr: Any) -> None:
         from ..store import manifest  # lazy: the plugin imports no package layer at load
 
-        if self.worker is not None or not (self.entries or self.removed_stale or self.earlier or self.start_notes):
+        history = self.history
+        if self.worker is not None or not (self.entries or history.removed or history.earlier or history.notes):
             return
         tr.write_sep("-", "jaxlog")
         limit = 30
@@ -638,13 +745,13 @@ class JaxlogSession:
         for line in self.baselines.summary_lines(self.entries.values(), self.display):
             tr.write_line(line)
         rerun = {safe_name(nodeid) for nodeid in self.entries}  # replaced by this session's run of the test anyway
-        removed = [n for n in self.removed_stale if n not in rerun]
+        removed = [n for n in history.removed if n not in rerun]
         if removed:
             tr.write_line(f"removed {len(removed)} artifact directories left by an earlier session for tests "
                           f"not run in this one ({_flag('clean_stale')})")
-        for note in self.start_notes:
+        for note in history.notes:
             tr.write_line(f"note: {note}")
-        stale = self.stale_counts
+        stale = history.counts
         if stale["tests"]:
             tr.write_line(f"stale: {stale['tests']} tests not run in this session keep their earlier entries in "
                           f"{manifest.NAME} ({stale['dirs']} with artifact directories); {_flag('clean_stale')} "
@@ -678,7 +785,7 @@ class JaxlogSession:
         its session: an earlier failure stays visible without being counted as this session's."""
         from ..store import manifest
 
-        groups = manifest.by_session(self.carried)
+        groups = manifest.by_session(self.history.carried)
         for sid, group in groups.items():
             failed = sum(map(manifest.not_passed, group))
             tr.write_line(f"  from session {sid}: {len(group)} tests, {failed} not passed")

@@ -1,4 +1,5 @@
-"""``jl.run``'s arguments, checked once (errors before anything is traced) and kept by name."""
+"""``jl.run``'s options, declared once (:class:`RunConfig`: names, types, defaults), checked once
+(:func:`configure`: errors before anything is traced) and kept by name."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ from ...check.invariants import as_list, check_on_violation
 from ...errors import JaxlogError
 from ...record.records import check_meta
 from ...record.frames import Schema
-from ...record.schedule import Schedule, as_schedule, check_count
+from ...record.schedule import as_schedule, check_count
 from ..checkpoints.checkpoint import ResumePoint
 from ..device import program
-from ..device.plan import Resolved, auto_chunk, check_when_values, lanes_of, log_lanes
+from ..device.plan import DEFAULT_BUDGET, Resolved, auto_chunk, check_when_values, lanes_of, log_lanes
 from ..device.program import Plan
 from ..prepare import identity
 from ..prepare.identity import Cache
@@ -26,37 +27,49 @@ from ..device.program import Lane
 from ..prepare.schema import (Segments, ValueSource, Values, as_segments, log_schedules, n_systems_of, resolve, short_error,
                               step_values, takes_values)
 
-__all__ = ['RunConfig', 'configure']
+__all__ = ['RunConfig', 'configure', 'options', 'OPTIONS']
 
-@dataclass(frozen=True)
+_NOT_AN_OPTION = {"option": False}  # a field of the run that jl.run takes no keyword for
+
+
+@dataclass(frozen=True, kw_only=True)
 class RunConfig:
-    """``jl.run``'s arguments, checked once: what the rest of the driver reads by name."""
+    """``jl.run``'s options, declared once: by their public names, with the defaults ``jl.run``'s
+    signature shows (``tests/test_run_options.py`` holds the two equal). Made once from what the
+    caller gave (:func:`options`), then :func:`configure` checks it and returns it normalized, the
+    same fields (``batched`` a ragged batch's :class:`Segments` where ``segments=`` is given, ``logs``
+    ``(name, schedule)`` pairs, ``checkpoint`` a :class:`Schedule`, ``meta`` a dict) with what the
+    checks derive (``lanes``, ``until_values``): what the rest of the driver reads by name."""
 
     step: Callable
     steps: int
-    start_step: int
-    lanes: tuple[Lane, ...]
-    invariants: tuple
-    sinks: Any
-    key: Any
-    dt: float | None
-    chunk: int | None
-    profile: Any
-    has_aux: bool
-    batched: bool | int | Segments  # segments=: the ragged batch, each graph a system
-    until: Callable | None
-    on_violation: str
-    postmortem: int
-    progress: Any
-    budget: int
-    timeline: Any
-    donate: bool
-    checkpoint: Schedule | None = None
-    resume: ResumePoint | None = None  # set by jl.resume
-    logs: tuple[tuple[str, Schedule], ...] = ()  # logs=: (name, schedule); names not listed: every step
+    record: Any = None
+    invariants: Any = ()
+    sinks: Any = ()
+    key: Any = None
+    dt: float | None = None
+    chunk: int | None = None
+    profile: Any = None
+    has_aux: bool = False
+    aux: Any = None
+    batched: bool | int | Segments = False
+    until: Callable | None = None
+    on_violation: str = "raise"
+    postmortem: int = 3
+    progress: Any = None
+    chunk_budget_bytes: int = DEFAULT_BUDGET
+    timeline: Any = None
+    donate: bool = True
+    start_step: int = 0
+    logs: Any = None  # checked: ((name, schedule), ...); names not listed: every step
     log_capacity: int | None = None
-    until_values: bool = False  # until= takes (state, values): the step's aux and logs (see drive.prepare.schema)
-    meta: dict = field(default_factory=dict)  # meta=: the run's JSON metadata (see record.records)
+    checkpoint: Any = None  # checked: a Schedule or None
+    meta: Any = None  # checked: the run's JSON metadata as a dict (see record.records)
+    segments: Any = None
+    resume: ResumePoint | None = field(default=None, metadata=_NOT_AN_OPTION)  # set by jl.resume
+    lanes: tuple[Lane, ...] = field(default=(), metadata=_NOT_AN_OPTION)  # from record=, has_aux= and aux=
+    # until= takes (state, values): the step's aux and logs (see drive.prepare.schema)
+    until_values: bool = field(default=False, metadata=_NOT_AN_OPTION)
 
     @property
     def keyed(self) -> bool:
@@ -66,18 +79,30 @@ class RunConfig:
     def end(self) -> int:
         return self.start_step + self.steps
 
+    @property
+    def budget(self) -> int:
+        return self.chunk_budget_bytes
 
-def configure(step: Callable, state: Any, steps: int, *, record: Any, invariants: Any, sinks: Any, key: Any, dt: float | None,
-              chunk: int | None, profile: Any, has_aux: bool, aux: Any, batched: bool | int, until: Callable | None,
-              on_violation: str, postmortem: int, progress: Any, chunk_budget_bytes: int, timeline: Any,
-              donate: bool, start_step: int, logs: Any, log_capacity: int | None, checkpoint: Any,
-              resume: ResumePoint | None = None, meta: Any = None, segments: Any = None) -> RunConfig:
-    """``jl.run``'s arguments (its defaults are in its signature) checked, as a :class:`RunConfig`;
-    ``state`` only to say when it looks swapped with ``step``; ``resume``: the checkpoint
-    ``jl.resume`` continues from; ``segments``: a ragged batch's graph of each row (it makes the
-    run batched, one system per graph)."""
-    steps = check_count(steps, "steps", minimum=0)
-    start_step = check_count(start_step, "start_step", minimum=0)
+
+OPTIONS = frozenset(f.name for f in dataclasses.fields(RunConfig)
+                    if f.metadata.get("option", True) and f.name not in ("step", "steps"))
+
+
+def options(step: Callable, steps: int, kwargs: dict) -> RunConfig:
+    """``jl.run``'s keyword arguments given as a dict (``jl.resume``'s, the fixture's) as its
+    options, refused as ``jl.run`` itself refuses a keyword it does not take."""
+    unknown = next((name for name in kwargs if name not in OPTIONS), None)
+    if unknown is not None:
+        raise TypeError(f"run() got an unexpected keyword argument {unknown!r}")
+    return RunConfig(step=step, steps=steps, **kwargs)
+
+
+def configure(given: RunConfig, state: Any, resume: ResumePoint | None = None) -> RunConfig:
+    """``given`` checked and normalized (see :class:`RunConfig`); ``state`` only to say when it
+    looks swapped with ``step``; ``resume``: the checkpoint ``jl.resume`` continues from."""
+    step, batched, log_capacity, chunk = given.step, given.batched, given.log_capacity, given.chunk
+    steps = check_count(given.steps, "steps", minimum=0)
+    start_step = check_count(given.start_step, "start_step", minimum=0)
     if start_step + steps >= 2**31:
         raise JaxlogError(f"step numbers up to {start_step + steps} do not fit the int32 step counter")
     if chunk is not None:
@@ -85,21 +110,21 @@ def configure(step: Callable, state: Any, steps: int, *, record: Any, invariants
     if not callable(step):
         swapped = " (step and state look swapped: jl.run(step, state, steps))" if callable(state) else ""
         raise JaxlogError(f"step must be callable, got {type(step).__name__}{swapped}")
-    if until is not None and not callable(until):
-        raise JaxlogError(f"until= must be a callable state -> bool, got {until!r}")
+    if given.until is not None and not callable(given.until):
+        raise JaxlogError(f"until= must be a callable state -> bool, got {given.until!r}")
     if not isinstance(batched, bool):
         batched = check_count(batched, "batched (the number of systems, or True/False)", minimum=1)
-    shape: bool | int | Segments = batched if segments is None else as_segments(segments, batched)
+    shape: bool | int | Segments = batched if given.segments is None else as_segments(given.segments, batched)
     if log_capacity is not None:
         log_capacity = check_count(log_capacity, "log_capacity", minimum=1, none="or None")
-    return RunConfig(step=step, steps=steps, start_step=start_step, lanes=lanes_of(record, bool(has_aux), aux),
-                     invariants=as_list(invariants), sinks=sinks, key=None if key is None else as_key(key, shape), dt=dt,
-                     chunk=chunk, profile=profile, has_aux=bool(has_aux), batched=shape, until=until,
-                     on_violation=check_on_violation(on_violation), postmortem=int(postmortem), progress=progress,
-                     budget=int(chunk_budget_bytes), timeline=timeline, donate=bool(donate),
-                     logs=log_schedules(logs), log_capacity=log_capacity,
-                     checkpoint=None if checkpoint is None else as_schedule(checkpoint, "checkpoint="), resume=resume,
-                     until_values=takes_values(until, "until="), meta=_meta(meta, resume))
+    return dataclasses.replace(
+        given, steps=steps, start_step=start_step, lanes=lanes_of(given.record, bool(given.has_aux), given.aux),
+        invariants=as_list(given.invariants), key=None if given.key is None else as_key(given.key, shape),
+        chunk=chunk, has_aux=bool(given.has_aux), batched=shape, on_violation=check_on_violation(given.on_violation),
+        postmortem=int(given.postmortem), chunk_budget_bytes=int(given.chunk_budget_bytes), donate=bool(given.donate),
+        logs=log_schedules(given.logs), log_capacity=log_capacity,
+        checkpoint=None if given.checkpoint is None else as_schedule(given.checkpoint, "checkpoint="), resume=resume,
+        until_values=takes_values(given.until, "until="), meta=_meta(given.meta, resume))
 
 
 def _meta(meta: Any, resume: ResumePoint | None) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import jax
@@ -93,129 +94,75 @@ class Recorder:
         self.status = "new"
         self._pipe = Pipeline(sinks=sinks, invariants=invariants, on_violation=on_violation, timeline=timeline)
         self.on_violation = self._pipe.on_violation
-        self._on = [spec.schedule.contains for spec in self.specs]
-        self._keys: dict[tuple[int, ...], _LogKey] = {}
-        self._bufs: list[dict | None] = [None] * len(self.specs)  # device buffers, self._rows[i] rows
-        self._rows: list[int] = [self.flush_every] * len(self.specs)
-        self._steps: list[list[int]] = [[] for _ in self.specs]  # labels written into them
-        self._times: list[list[int]] = [[] for _ in self.specs]  # their log() times (with a timeline)
-        self._pending = False
-        self._through: int | None = None  # the last logged step whose frames were all handed to the sinks
-        self._flush_times: dict[str, np.ndarray] = {}
-        self._jit_state: bool | None = None  # decided on the first log: can the state be a jit argument?
-        self._calls = 0
-        self._first: int | None = None
-        self._last: int | None = None
-        self._active = False
-        self._halted = False
-        self._expect: list[dict[str, tuple[tuple[int, ...], np.dtype]]] = []
+        self._buffers = _Buffers(self.specs, self.flush_every)
+        self._labels = _Labels()
+        self._block: _Block | None = None  # the `with` block, once entered
         self._trajectory = None
-        self._log_lane: int | None = None  # the lane of the logs handed to log(logs=...)
-        self._unheard_before = 0  # jl.log calls nothing collected, before the `with` block
-        self._warned = False
 
     # --- Logger protocol --------------------------------------------------------------------
     def __enter__(self) -> "Recorder":
         if self.status != "new":
             raise JaxlogError("a Recorder records one run; make a new one for the next `with` block")
-        self._t0 = time.perf_counter()
-        self._sigterm = sigterm_noted()  # SIGTERM noted, acted on at the next log (drive.host.signals)
-        self._noted = self._sigterm.__enter__()
-        self._tracker = CompileTracker(exclude=_OWN_PROGRAMS).__enter__()
-        self._unheard_before = unheard_count()
-        self._active = True
+        self._block = _Block()
+        self._labels.active = True
         self.status = "running"
         return self
 
     def log(self, state: Any, step: int, *, logs: Mapping[str, Any] | None = None) -> None:
         """Record ``state`` as step ``step``; ``logs``: what ``jl.spool(step)`` returned beside it."""
         __tracebackhide__ = hide_frame_from_checks
-        if not self._active:
+        labels, block, buffers = self._labels, self._block, self._buffers
+        if not labels.active or block is None:
             raise JaxlogError("Recorder.log() called outside `with recorder:` (enter it first; it opens the sinks)")
-        if self._noted is not None:  # a SIGTERM since the last log: stop here, as for Ctrl-C
-            self._noted.act()
+        if block.noted is not None:  # a SIGTERM since the last log: stop here, as for Ctrl-C
+            block.noted.act()
         step = _step_label(step)
-        if not self._warned and unheard_count() > self._unheard_before:
-            self._warn_unheard()
+        if not block.warned and unheard_count() > block.unheard_before:
+            block.warn_unheard()
         declared = False
         if logs is not None:
             logs = _check_logs(logs, step)
             declared = logs is not None and _declared(logs)
-        if self._last is not None and step <= self._last:
-            what = "repeats" if step == self._last else "goes backwards"
-            raise JaxlogError(f"Recorder.log: step {step} {what} (previous step {self._last}); labels must increase")
-        if self._halted:
-            self._last = step
+        if labels.last is not None and step <= labels.last:
+            what = "repeats" if step == labels.last else "goes backwards"
+            raise JaxlogError(f"Recorder.log: step {step} {what} (previous step {labels.last}); labels must increase")
+        if labels.halted:
+            labels.last = step
             return
         if self.schema is None:
             self._start(state, logs)
-        if logs is not None and self._log_lane is None:
+        if logs is not None and buffers.log_lane is None:
             raise JaxlogError(
-                f"Recorder.log: logs= given at step {step} but not at the first log (step {self._first}), which "
+                f"Recorder.log: logs= given at step {step} but not at the first log (step {labels.first}), which "
                 f"fixed the records: give logs= from the first log on; for a first state no step produced, "
-                f"declare their shapes: rec.log(state, {self._first}, logs=jax.eval_shape(jl.spool(step), state)[1])")
+                f"declare their shapes: rec.log(state, {labels.first}, logs=jax.eval_shape(jl.spool(step), state)[1])")
         take_logs = logs is not None and not declared
-        idx = tuple(i for i, on in enumerate(self._on) if on(step) and (i != self._log_lane or take_logs))
-        if idx:
-            key = self._keys.get(idx)
-            if key is None:
-                key = self._keys[idx] = _LogKey.of(self.specs, idx)
-            bufs = []
-            for i in idx:
-                if self._bufs[i] is None:  # put from the host: jnp.zeros dispatches (and compiles) a program per leaf
-                    self._bufs[i] = jax.device_put({p: np.zeros((self._rows[i], *shape), dtype) for p, (shape, dtype)
-                                                    in self._expect[i].items()}, _replicated_on(state))
-                bufs.append(self._bufs[i])
-            rows = np.array([len(self._steps[i]) for i in idx], np.int32)  # one argument, one transfer
-            try:
-                if self._jit_state is None:
-                    self._jit_state = _jittable(state)
-                new = None
-                if self._jit_state:  # views and buffer writes in one jitted call
-                    try:
-                        new = (_log_into(key, state, tuple(bufs), rows) if not take_logs
-                               else _log_into(key, state, tuple(bufs), rows, logs))
-                    except TypeError:
-                        if _jittable(state):
-                            raise
-                        self._jit_state = False  # the state changed kind since the first log
-                if not self._jit_state:  # views on the concrete state (any object), then one jitted buffer write
-                    new = _write_into(key, _eval_views(key, state, logs if take_logs else None), tuple(bufs), rows)
-            except _ShapeChange as e:
-                raise JaxlogError(f"record {e.path!r} at step {step}: {e.detail}") from e.__cause__
-            full = False
-            t_log = now_ns() if self.timeline is not None else 0
-            for i, b in zip(idx, new):
-                self._bufs[i] = b
-                self._steps[i].append(step)
-                if self.timeline is not None:
-                    self._times[i].append(t_log)
-                full = full or len(self._steps[i]) >= self._rows[i]
-            self._pending = True
-        else:
-            full = False
+        idx = tuple(i for i, on in enumerate(buffers.on) if on(step) and (i != buffers.log_lane or take_logs))
+        full = bool(idx) and buffers.write(self.specs, idx, state, step, logs if take_logs else None,
+                                           timed=self.timeline is not None)
         # only now is the step logged (a Ctrl-C or SIGTERM above leaves steps_done at the previous one)
-        self._last = step
-        if self._first is None:
-            self._first = step
-        self._calls += 1
-        if self._calls % self.flush_every == 0 or full:
+        labels.last = step
+        if labels.first is None:
+            labels.first = step
+        labels.calls += 1
+        if labels.calls % self.flush_every == 0 or full:
             self._flush()
 
     def __exit__(self, exc_type, exc, tb):
         __tracebackhide__ = hide_frame_from_checks
-        if not self._active:
+        labels, block = self._labels, self._block
+        if not labels.active or block is None:
             return False
-        self._active = False
-        if exc_type is None and not self._warned:
-            self._warn_unheard()
+        labels.active = False
+        if exc_type is None and not block.warned:
+            block.warn_unheard()
         try:
             if exc_type is None:
                 if self.schema is None:
                     self._open(Schema((), batched=self.batched, dt=self.dt), logged=False)
-                if not self._halted:
+                if not labels.halted:
                     self._flush()
-                if not self._halted and self._pipe.opened:
+                if not labels.halted and self._pipe.opened:
                     late = self._pipe.finish()  # an aggregate whose window the loop ended before
                     if late:
                         self._violated(late)
@@ -223,7 +170,7 @@ class Recorder:
                     # "warn"/"record" with a violation: the whole loop was recorded, and it broke an invariant
                     status = "complete" if self._pipe.first is None else "violated"
                     try:
-                        self._pipe.close(status, steps_done=self._last or 0)
+                        self._pipe.close(status, steps_done=labels.last or 0)
                         self.status = status
                     except BaseException:  # a sink failed to close (its error is raised): not complete
                         self.status = "failed"
@@ -234,24 +181,20 @@ class Recorder:
                 try:
                     if self.schema is None:
                         self._open(Schema((), batched=self.batched, dt=self.dt), logged=False)
-                    elif not self._halted:
+                    elif not labels.halted:
                         self._flush(check=False)
                 except BaseException as e:
                     exc.add_note(f"[jaxlog] Recorder: the frames logged since the last flush were not "
                                  f"written: {type(e).__name__}: {e}")
                 status = "stopped" if issubclass(exc_type, KeyboardInterrupt) else "failed"
                 if not self._pipe.closed:  # what the sinks were handed (a log cut short may have lost its rows)
-                    self._pipe.close(status, steps_done=self._through or 0, raise_errors=False, reason=exc)
+                    self._pipe.close(status, steps_done=labels.through or 0, raise_errors=False, reason=exc)
                     self.status = status
         finally:
-            self._tracker.__exit__(None, None, None)
-            steps = 0 if self._first is None else self._last - self._first
-            self.timings = run_timings(self._tracker, time.perf_counter() - self._t0, steps)
-            if self.timeline is not None:
-                self._tracker.add_to_timeline(self.timeline)
+            self.timings = block.timings(0 if labels.first is None else labels.last - labels.first, self.timeline)
             # last: a SIGTERM noted after the loop's last log is raised here (the loop's own error wins)
-            self._sigterm.__exit__(exc_type, exc, tb)
-        if exc_type is None and self.violation is not None and self.on_violation == "raise" and self._raise_at_exit:
+            block.sigterm.__exit__(exc_type, exc, tb)
+        if exc_type is None and self.violation is not None and self.on_violation == "raise" and labels.raise_at_exit:
             raise self.violation
         return False
 
@@ -270,49 +213,20 @@ class Recorder:
 
     @property
     def steps_done(self) -> int:
-        return 0 if self._last is None else self._last
+        return 0 if self._labels.last is None else self._labels.last
 
     # --- internals --------------------------------------------------------------------------
-    _raise_at_exit = False
-
-    def _warn_unheard(self) -> None:
-        """Say once that this thread traced ``jl.log`` calls nothing collected since the recorder
-        started (a step jitted as it is): their values are lost."""
-        lost = unheard()
-        if lost.calls <= self._unheard_before:
-            return
-        self._warned = True
-        warnings.warn(JaxlogRuntimeWarning(
-            f"[jaxlog] Recorder: jl.log was called {lost.calls - self._unheard_before} time(s) while nothing "
-            f"collected it (the latest: log {lost.name!r} at {lost.where}), so those values are not recorded. "
-            f"To record them, spool the step and hand its logs over: `state, logs = jl.spool(step)(state); "
-            f"rec.log(state, k, logs=logs)` (recorded as 'log/<name>'), or log them inside a record's view"),
-            stacklevel=3)
-
     def _start(self, state: Any, logs: Mapping[str, Any] | None = None) -> None:
+        buffers = self._buffers
         if logs:  # the step's logs: a lane of their own, taken at every step they are given
-            self._log_lane = len(self.specs)
             lane = Lane(LOG, Every(1), log_paths=(LOG,))
+            buffers.add_log_lane(len(self.specs), lane, self.flush_every)
             self.specs = (*self.specs, lane)
-            self._on.append(lane.schedule.contains)
-            self._bufs.append(None)
-            self._rows.append(self.flush_every)
-            self._steps.append([])
-            self._times.append([])
         found = resolve(self.specs, state, batched=self.batched, dt=self.dt, abstract=_jittable(state),
                         log_capacity=self.log_capacity, logs=lambda _state: _as_values(logs))
         self.specs, schema = found.lanes, found.schema  # views that call jl.log wrapped to collect
         self._open(schema)
-        self._expect = [{leaf.path: (tuple(leaf.shape), np.dtype(leaf.dtype)) for leaf in schema.leaves
-                         if leaf.record == spec.name} for spec in self.specs]
-        for spec, expect in zip(self.specs, self._expect):
-            if spec.when is not None:  # the when= flag of each row, kept beside it until the flush
-                expect[_KEPT] = ((), np.dtype(np.bool_))
-        # rows per device buffer: flush_every, or fewer when that many frames of the record would
-        # pass buffer_bytes (a sparse or large record with a huge flush_every: flushed when full)
-        for i, leaves in enumerate(self._expect):
-            frame = sum(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize for shape, dtype in leaves.values())
-            self._rows[i] = int(max(1, min(self.flush_every, self.buffer_bytes // max(1, frame))))
+        buffers.size(self.specs, schema, self.flush_every, self.buffer_bytes)
 
     def _open(self, schema: Schema, *, logged: bool = True) -> None:
         self.schema = schema
@@ -322,50 +236,22 @@ class Recorder:
             described[runmeta.KEY] = self.meta
         self._pipe.open(schema, described, bind=logged)
 
-    def _frames(self) -> tuple[Frames, list[int]]:
-        """The buffered rows as frames, and which buffers they came from. Nothing is cleared
-        here: the caller clears the buffers once the frames are handed over, so a Ctrl-C or
-        SIGTERM in between loses no row (the flush at exit hands them over again)."""
-        live = [i for i, st in enumerate(self._steps) if st]
-        host = jax.device_get([self._bufs[i] for i in live])  # one transfer per flush
-        per_path = {}
-        self._flush_times = {}
-        for i, vals in zip(live, host):
-            n = len(self._steps[i])
-            steps = np.asarray(self._steps[i], np.int64)
-            keep = vals.pop(_KEPT)[:n] if _KEPT in vals else np.ones(n, bool)  # when= rows that held
-            for p, v in vals.items():
-                per_path[p] = (steps[keep], v[:n][keep])
-                if self._times[i]:
-                    self._flush_times[p] = np.asarray(self._times[i], np.int64)[keep]
-        frames = Frames()
-        for leaf in self.schema.leaves:
-            if leaf.path in per_path:
-                frames.add(leaf.path, *per_path[leaf.path])
-        return frames, live
-
-    def _clear(self, live: list[int]) -> None:
-        for i in live:
-            self._steps[i] = []
-            self._times[i] = []
-            self._bufs[i] = None  # fresh buffers next time: the host arrays may alias these
-        self._pending = any(self._steps)
-
     def _flush(self, check: bool = True) -> None:
         __tracebackhide__ = hide_frame_from_checks
-        if not self._pending:
+        buffers = self._buffers
+        if not buffers.pending:
             return
-        frames, live = self._frames()
+        frames, live = buffers.frames(self.schema)
         try:
-            new = self._pipe.feed(frames, f"flush {len(frames)} records", times=self._flush_times, check=check)
+            new = self._pipe.feed(frames, f"flush {len(frames)} records", times=buffers.flush_times, check=check)
         except KeyboardInterrupt:  # the frames may be handed over only in part: the flush at exit says
             raise
         except BaseException as exc:
-            self._pipe.close("failed", steps_done=self._last or 0, raise_errors=False, reason=exc)
+            self._pipe.close("failed", steps_done=self._labels.last or 0, raise_errors=False, reason=exc)
             self.status = "failed"
             raise
-        self._clear(live)
-        self._through = self._last
+        buffers.clear(live)
+        self._labels.through = self._labels.last
         if new:
             self._violated(new)
 
@@ -375,12 +261,169 @@ class Recorder:
         self.violation = self._pipe.first
         if self.on_violation == "raise":
             v = new[0]
-            self._halted = True
+            self._labels.halted = True
             self.status = "violated"
             self._pipe.close("violated", steps_done=v.step)
-            if self._active:
+            if self._labels.active:
                 raise v
-            self._raise_at_exit = True
+            self._labels.raise_at_exit = True
+
+
+@dataclass
+class _Labels:
+    """The steps a Recorder was given, and whether it still takes them."""
+
+    first: int | None = None
+    last: int | None = None
+    through: int | None = None  # the last logged step whose frames were all handed to the sinks
+    calls: int = 0
+    active: bool = False  # inside the `with` block
+    halted: bool = False  # a violation stopped the recording (on_violation="raise")
+    raise_at_exit: bool = False  # that violation is raised when the block ends
+
+
+class _Block:
+    """A Recorder's ``with`` block: its clock, the compilations during it (the recorder's own
+    excepted), SIGTERM noted (acted on at the next log, ``drive.host.signals``), and the ``jl.log``
+    calls nothing collected."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.sigterm = sigterm_noted()
+        self.noted = self.sigterm.__enter__()
+        self.tracker = CompileTracker(exclude=_OWN_PROGRAMS).__enter__()
+        self.unheard_before = unheard_count()  # jl.log calls nothing collected, before the `with` block
+        self.warned = False
+
+    def warn_unheard(self) -> None:
+        """Say once that this thread traced ``jl.log`` calls nothing collected since the recorder
+        started (a step jitted as it is): their values are lost."""
+        lost = unheard()
+        if lost.calls <= self.unheard_before:
+            return
+        self.warned = True
+        warnings.warn(JaxlogRuntimeWarning(
+            f"[jaxlog] Recorder: jl.log was called {lost.calls - self.unheard_before} time(s) while nothing "
+            f"collected it (the latest: log {lost.name!r} at {lost.where}), so those values are not recorded. "
+            f"To record them, spool the step and hand its logs over: `state, logs = jl.spool(step)(state); "
+            f"rec.log(state, k, logs=logs)` (recorded as 'log/<name>'), or log them inside a record's view"),
+            stacklevel=3)
+
+    def timings(self, steps: int, timeline: Any) -> Any:
+        """The block's timings (the tracker stops), put on the timeline too."""
+        self.tracker.__exit__(None, None, None)
+        timings = run_timings(self.tracker, time.perf_counter() - self.t0, steps)
+        if timeline is not None:
+            self.tracker.add_to_timeline(timeline)
+        return timings
+
+
+class _Buffers:
+    """A Recorder's device buffers between flushes, one per record: ``rows[i]`` rows each, the
+    step labels written into them (and their log() times, with a timeline)."""
+
+    def __init__(self, specs: tuple, flush_every: int):
+        self.on = [spec.schedule.contains for spec in specs]
+        self.keys: dict[tuple[int, ...], _LogKey] = {}
+        self.bufs: list[dict | None] = [None] * len(specs)
+        self.rows: list[int] = [flush_every] * len(specs)
+        self.steps: list[list[int]] = [[] for _ in specs]
+        self.times: list[list[int]] = [[] for _ in specs]
+        self.expect: list[dict[str, tuple[tuple[int, ...], np.dtype]]] = []
+        self.flush_times: dict[str, np.ndarray] = {}
+        self.pending = False
+        self.jit_state: bool | None = None  # decided on the first log: can the state be a jit argument?
+        self.log_lane: int | None = None  # the lane of the logs handed to log(logs=...)
+
+    def add_log_lane(self, index: int, lane: Lane, flush_every: int) -> None:
+        self.log_lane = index
+        self.on.append(lane.schedule.contains)
+        self.bufs.append(None)
+        self.rows.append(flush_every)
+        self.steps.append([])
+        self.times.append([])
+
+    def size(self, specs: tuple, schema: Schema, flush_every: int, buffer_bytes: int) -> None:
+        """What each record's rows hold, and how many rows a buffer takes: flush_every, or fewer
+        when that many frames of the record would pass buffer_bytes (a sparse or large record
+        with a huge flush_every: flushed when full)."""
+        self.expect = [{leaf.path: (tuple(leaf.shape), np.dtype(leaf.dtype)) for leaf in schema.leaves
+                        if leaf.record == spec.name} for spec in specs]
+        for spec, expect in zip(specs, self.expect):
+            if spec.when is not None:  # the when= flag of each row, kept beside it until the flush
+                expect[_KEPT] = ((), np.dtype(np.bool_))
+        for i, leaves in enumerate(self.expect):
+            frame = sum(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize for shape, dtype in leaves.values())
+            self.rows[i] = int(max(1, min(flush_every, buffer_bytes // max(1, frame))))
+
+    def write(self, specs: tuple, idx: tuple[int, ...], state: Any, step: int, logs: Any, *, timed: bool) -> bool:
+        """The records ``idx`` of ``state`` (and the step's ``logs``) written into the next row of
+        their buffers (``timed``: their log() time kept, for the timeline); whether a buffer is full."""
+        key = self.keys.get(idx)
+        if key is None:
+            key = self.keys[idx] = _LogKey.of(specs, idx)
+        bufs = []
+        for i in idx:
+            if self.bufs[i] is None:  # put from the host: jnp.zeros dispatches (and compiles) a program per leaf
+                self.bufs[i] = jax.device_put({p: np.zeros((self.rows[i], *shape), dtype) for p, (shape, dtype)
+                                               in self.expect[i].items()}, _replicated_on(state))
+            bufs.append(self.bufs[i])
+        rows = np.array([len(self.steps[i]) for i in idx], np.int32)  # one argument, one transfer
+        try:
+            if self.jit_state is None:
+                self.jit_state = _jittable(state)
+            new = None
+            if self.jit_state:  # views and buffer writes in one jitted call
+                try:
+                    new = (_log_into(key, state, tuple(bufs), rows) if logs is None
+                           else _log_into(key, state, tuple(bufs), rows, logs))
+                except TypeError:
+                    if _jittable(state):
+                        raise
+                    self.jit_state = False  # the state changed kind since the first log
+            if not self.jit_state:  # views on the concrete state (any object), then one jitted buffer write
+                new = _write_into(key, _eval_views(key, state, logs), tuple(bufs), rows)
+        except _ShapeChange as e:
+            raise JaxlogError(f"record {e.path!r} at step {step}: {e.detail}") from e.__cause__
+        full = False
+        t_log = now_ns() if timed else 0
+        for i, b in zip(idx, new):
+            self.bufs[i] = b
+            self.steps[i].append(step)
+            if timed:
+                self.times[i].append(t_log)
+            full = full or len(self.steps[i]) >= self.rows[i]
+        self.pending = True
+        return full
+
+    def frames(self, schema: Schema) -> tuple[Frames, list[int]]:
+        """The buffered rows as frames, and which buffers they came from. Nothing is cleared
+        here: the caller clears the buffers once the frames are handed over, so a Ctrl-C or
+        SIGTERM in between loses no row (the flush at exit hands them over again)."""
+        live = [i for i, st in enumerate(self.steps) if st]
+        host = jax.device_get([self.bufs[i] for i in live])  # one transfer per flush
+        per_path = {}
+        self.flush_times = {}
+        for i, vals in zip(live, host):
+            n = len(self.steps[i])
+            steps = np.asarray(self.steps[i], np.int64)
+            keep = vals.pop(_KEPT)[:n] if _KEPT in vals else np.ones(n, bool)  # when= rows that held
+            for p, v in vals.items():
+                per_path[p] = (steps[keep], v[:n][keep])
+                if self.times[i]:
+                    self.flush_times[p] = np.asarray(self.times[i], np.int64)[keep]
+        frames = Frames()
+        for leaf in schema.leaves:
+            if leaf.path in per_path:
+                frames.add(leaf.path, *per_path[leaf.path])
+        return frames, live
+
+    def clear(self, live: list[int]) -> None:
+        for i in live:
+            self.steps[i] = []
+            self.times[i] = []
+            self.bufs[i] = None  # fresh buffers next time: the host arrays may alias these
+        self.pending = any(self.steps)
 
 
 def _check_logs(logs: Any, step: int) -> Mapping[str, Any] | None:

@@ -13,9 +13,11 @@ import sys
 import zlib
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
+
+from ..dtypes import CHECKPOINT_META as CHECKPOINT_META, DTYPE_ATTR as DTYPE_ATTR, KEY_IMPL_ATTR as KEY_IMPL_ATTR
 
 
 def _version(dist: str) -> str | None:
@@ -69,8 +71,68 @@ def _describe() -> dict:
     return out
 
 # ---------------------------------------------------------------------------------------------
+# Every name the file holds, written (``writer``, ``writer_thread``, ``parts``) and read
+# (``trajectory``, ``parts``) from here: a name spelt twice can drift, and a file whose reader
+# looks for another name than its writer wrote reads as damaged.
+
+# groups and datasets (H5MD 1.1 where H5MD names them)
+H5MD = "h5md"
+H5MD_AUTHOR = "h5md/author"
+H5MD_CREATOR = "h5md/creator"
+H5MD_VERSION = (1, 1)
+CREATOR_NAME = "pytest-jaxlog"  # the creator group's name attribute
+OBSERVABLES = "observables"
+PARTICLES = "particles"
+BOX = "box"
+POSITION = "position"  # the particle name H5MD gives positions (its box takes their dimension)
+JAXLOG = "jaxlog"
+ATTACHMENTS = "attachments"  # under /jaxlog: <name>/<step>/<path>
+STEP = "step"  # the datasets of one record, under /observables/<path>
+VALUE = "value"
+TIME = "time"
+
+# attributes of datasets (the ml_dtypes name of a uint view, a PRNG key's impl) and a checkpoint's
+# JSON entry (``CHECKPOINT_META``, ``DTYPE_ATTR``, ``KEY_IMPL_ATTR``, imported above): named by
+# ``store.dtypes``, which encodes them, and read from here with the file's other names
+
+# attributes of the H5MD groups
+VERSION_ATTR = "version"
+NAME_ATTR = "name"
+DIMENSION_ATTR = "dimension"
+BOUNDARY_ATTR = "boundary"
+
+# /jaxlog attributes (JSON texts)
+FORMAT_VERSION_ATTR = "format_version"
+SCHEMA_ATTR = "schema"
+PROVENANCE_ATTR = "provenance"
+META_ATTR = "meta"
+VIOLATION_ATTR = "violation"
+STATUS_ATTR = "status"
+STEPS_DONE_ATTR = "steps_done"
+WRITER_ERROR_ATTR = "writer_error"
+SUMMARY_ATTR = "summary"
+PARTS_ATTR = "parts"  # on a multi-process index: the part files and blocks
+GOLDEN_ATTR = "golden"  # on a golden file: how it is checked
+PART_META = "part"  # in a part file's meta: {"run_id", "process", "index"}
+REQUIRED_ATTRS = (FORMAT_VERSION_ATTR, SCHEMA_ATTR, STATUS_ATTR, STEPS_DONE_ATTR)
+OPTIONAL_ATTRS = (PROVENANCE_ATTR, META_ATTR, VIOLATION_ATTR, WRITER_ERROR_ATTR, SUMMARY_ATTR, PARTS_ATTR, GOLDEN_ATTR)
+# rewritten in place while the file is written, in fixed sizes (bytes): a full disk still takes the final status
+FIXED_ATTRS = {STATUS_ATTR: 16, STEPS_DONE_ATTR: 24, WRITER_ERROR_ATTR: 2048}
+
+# the values of ``status`` the store itself writes (``store.protocol.STATUSES`` lists them all)
+RUNNING = "running"
+COMPLETE = "complete"
+STOPPED = "stopped"
+FAILED = "failed"
+
+# attachment names with a meaning to the store
+CHECKPOINT = "checkpoint"
+POSTMORTEM = "postmortem"
+
+
+# ---------------------------------------------------------------------------------------------
 # The HDF5 file's format constants and JSON attribute helpers, shared by the writer
-# (``hdf5.py``), the multi-process index (``parts.py``) and the reader (``trajectory.py``).
+# (``writer_thread.py``), the multi-process index (``parts.py``) and the reader (``trajectory.py``).
 #
 # JSON attributes are kept as fixed-length bytes in the object header (checksummed by HDF5),
 # not in the global heap (no checksum; a damaged one can make HDF5 loop while reading it); the
@@ -79,7 +141,7 @@ def _describe() -> dict:
 LIBVER = ("v108", "v108")
 # HDF5 keeps string attributes in its global heap, which has no checksum: ours does
 CRC_ATTR = "json_crc32"
-CRC_COVERS = ("format_version", "schema", "provenance", "meta", "violation")
+CRC_COVERS = (FORMAT_VERSION_ATTR, SCHEMA_ATTR, PROVENANCE_ATTR, META_ATTR, VIOLATION_ATTR)
 
 
 def json_text(value: Any) -> str:
@@ -97,7 +159,7 @@ def _json_default(obj: Any) -> Any:
     return repr(obj)
 
 
-def json_crc32(texts: dict[str, str | bytes | None]) -> int:
+def json_crc32(texts: Mapping[str, str | bytes | None]) -> int:
     """Checksum of the JSON attributes in ``CRC_COVERS`` (absent ones count as empty)."""
     parts = (texts.get(k) or b"" for k in CRC_COVERS)
     return zlib.crc32(b"\0".join(p if isinstance(p, bytes) else p.encode() for p in parts))
@@ -107,3 +169,4 @@ def attr_text(value: str) -> np.bytes_:
     """A string attribute as fixed-length bytes: stored in the object header (checksummed), not in
     HDF5's global heap (no checksum; a damaged one can make HDF5 loop while reading it)."""
     return np.bytes_(value.encode())
+

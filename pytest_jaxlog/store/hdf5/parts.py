@@ -30,10 +30,38 @@ from ...record.frames import FORMAT_VERSION, Block, Frames, Schema, Shards
 from ..protocol import Sink
 from .h5safe import row_numbers, select_frames
 from .journal import durable_replace, sync_file
-from .layout import CRC_ATTR, CRC_COVERS, LIBVER, attr_text, json_crc32, json_text
+from .layout import (
+    COMPLETE,
+    CRC_ATTR,
+    CRC_COVERS,
+    CREATOR_NAME,
+    FAILED,
+    FORMAT_VERSION_ATTR,
+    H5MD,
+    H5MD_CREATOR,
+    H5MD_VERSION,
+    JAXLOG,
+    LIBVER,
+    META_ATTR,
+    NAME_ATTR,
+    PART_META,
+    PARTS_ATTR,
+    PROVENANCE_ATTR,
+    RUNNING,
+    SCHEMA_ATTR,
+    STATUS_ATTR,
+    STEP,
+    STEPS_DONE_ATTR,
+    SUMMARY_ATTR,
+    TIME,
+    VERSION_ATTR,
+    VIOLATION_ATTR,
+    WRITER_ERROR_ATTR,
+    attr_text,
+    json_crc32,
+    json_text,
+)
 
-PARTS_ATTR = "parts"  # on the index's /jaxlog: the part files and blocks, JSON
-PART_META = "part"  # in a part's meta: {"run_id", "process", "index"}
 
 
 class PartTree(dict):
@@ -110,8 +138,8 @@ class PartsWriter(Sink):
         self.part.open(Schema(tuple(leaves), batched=schema.batched, dt=schema.dt, segments=schema.segments), part_meta)
         if self.me == 0:
             self._index = {"run_id": run_id, "files": names, "records": records}
-            self._info = {"provenance": meta.get("provenance"), "meta": meta, "status": "running", "steps_done": 0,
-                          "violation": None, "writer_error": None}
+            self._info = {PROVENANCE_ATTR: meta.get(PROVENANCE_ATTR), META_ATTR: meta, STATUS_ATTR: RUNNING,
+                          STEPS_DONE_ATTR: 0, VIOLATION_ATTR: None, WRITER_ERROR_ATTR: None}
             self._write_index()
 
     def set_timeline(self, timeline: Any) -> None:
@@ -157,7 +185,7 @@ class PartsWriter(Sink):
         if self.part is not None:
             self.part.flush()
 
-    def close(self, status: str = "complete", *, steps_done: int | None = None, violation: dict | None = None,
+    def close(self, status: str = COMPLETE, *, steps_done: int | None = None, violation: dict | None = None,
               summary: dict | None = None) -> None:
         try:
             if self.part is not None:
@@ -165,11 +193,11 @@ class PartsWriter(Sink):
         finally:
             if self.me == 0 and self._index is not None:
                 err = getattr(self.part, "_error", None)
-                self._info.update(status="failed" if err is not None else status,
-                                  steps_done=int(steps_done or 0), violation=violation,
-                                  writer_error=None if err is None else str(err))
+                self._info.update({STATUS_ATTR: FAILED if err is not None else status,
+                                   STEPS_DONE_ATTR: int(steps_done or 0), VIOLATION_ATTR: violation,
+                                   WRITER_ERROR_ATTR: None if err is None else str(err)})
                 if summary is not None:
-                    self._info["summary"] = summary
+                    self._info[SUMMARY_ATTR] = summary
                 self._write_index()
 
     @property
@@ -193,14 +221,14 @@ class PartsWriter(Sink):
         tmp = self.path.with_name(f".{self.path.name}.index-{os.getpid()}-{secrets.token_hex(4)}")
         try:
             with h5py.File(tmp, "w-", libver=LIBVER) as f:  # a new file: never through a planted link
-                h5md = f.create_group("h5md")
-                h5md.attrs["version"] = np.array([1, 1], dtype=np.int32)
-                creator = f.create_group("h5md/creator")
-                creator.attrs["name"] = "pytest-jaxlog"
-                creator.attrs["version"] = __version__
-                jl = f.create_group("jaxlog")
+                h5md = f.create_group(H5MD)
+                h5md.attrs[VERSION_ATTR] = np.array(H5MD_VERSION, dtype=np.int32)
+                creator = f.create_group(H5MD_CREATOR)
+                creator.attrs[NAME_ATTR] = CREATOR_NAME
+                creator.attrs[VERSION_ATTR] = __version__
+                jl = f.create_group(JAXLOG)
                 # the writer's own JSON and attribute form (fixed-length: in the checksummed object header)
-                texts = {"format_version": json_text(FORMAT_VERSION), "schema": json_text(self._schema.to_json()),
+                texts = {FORMAT_VERSION_ATTR: json_text(FORMAT_VERSION), SCHEMA_ATTR: json_text(self._schema.to_json()),
                          **{key: json_text(value) for key, value in self._info.items()},
                          PARTS_ATTR: json_text(self._index)}
                 for key, text in texts.items():
@@ -352,18 +380,18 @@ def _frames(parts: Sequence, entries: list, name: str) -> tuple[int, np.ndarray]
     return n, steps[0][:n]
 
 
-def read_blocks(traj: Any, parted: PartIndex, name: str, what: str, index: Any) -> np.ndarray | None:
-    """``traj[name, index]`` (``what="value"``) or its steps, assembled from the blocks: only
+def read_blocks(schema: Schema, parted: PartIndex, name: str, what: str, index: Any) -> np.ndarray | None:
+    """``traj[name, index]`` (``what=VALUE``) or its steps, assembled from the blocks: only
     the frames ``index`` selects are read, and the index then applies as on the whole array."""
     parts, entries = parted.parts, parted.blocks[name]
-    if what == "time":
+    if what == TIME:
         return None  # step * dt
     n, steps = _frames(parts, entries, name)
-    if what == "step":
+    if what == STEP:
         return steps if index is None else steps[index]
     selected, local = select_frames(index, n)
     rows = row_numbers(selected, n)
-    leaf = traj.schema[name]
+    leaf = schema[name]
     out = None
     for fi, part_leaf, idx in entries:
         block = parts[fi].values(part_leaf, rows)

@@ -29,9 +29,6 @@ from ...record.records import READ_MAX_BYTES, WHEN, described_run, is_record_pat
 from ...record.schedule import schedule_from_json
 from ...record.values import is_dt, is_integer
 from ..dtypes import (
-    CHECKPOINT_META,
-    DTYPE_ATTR,
-    KEY_IMPL_ATTR,
     beyond_dicts,
     check_leaf_dtype,
     decode,
@@ -42,15 +39,45 @@ from ..dtypes import (
 from ..protocol import STATUSES
 from . import h5safe, journal
 from .h5safe import select_frames
-from .layout import CRC_ATTR, json_crc32, json_text
+from .layout import (
+    ATTACHMENTS,
+    CHECKPOINT,
+    CHECKPOINT_META,
+    CRC_ATTR,
+    DTYPE_ATTR,
+    FAILED,
+    FORMAT_VERSION_ATTR,
+    GOLDEN_ATTR,
+    JAXLOG,
+    KEY_IMPL_ATTR,
+    META_ATTR,
+    OBSERVABLES,
+    OPTIONAL_ATTRS,
+    PARTS_ATTR,
+    POSTMORTEM,
+    PROVENANCE_ATTR,
+    REQUIRED_ATTRS,
+    RUNNING,
+    SCHEMA_ATTR,
+    STATUS_ATTR,
+    STEP,
+    STEPS_DONE_ATTR,
+    SUMMARY_ATTR,
+    TIME,
+    VALUE,
+    VIOLATION_ATTR,
+    WRITER_ERROR_ATTR,
+    json_crc32,
+    json_text,
+)
 from .parts import PartIndex, invalid_index, read_blocks, read_index
 from .writer import HDF5Writer, set_text_attr
 
 __all__ = ['npz_arrays', 'export_npz']
 
 _T = TypeVar("_T")
-_REQUIRED = ("format_version", "schema", "status", "steps_done")
-_OPTIONAL = ("provenance", "meta", "violation", "writer_error", "summary", "parts", "golden")
+_REQUIRED = REQUIRED_ATTRS
+_OPTIONAL = OPTIONAL_ATTRS
 _READ_ERRORS = (OSError, RuntimeError, KeyError)  # what h5py raises for unreadable or corrupted data
 
 
@@ -157,12 +184,12 @@ def _attr_text(obj: Any, key: str, file: Path, where: str) -> str | None:
 
 def leaf_data(f: h5py.File, file: Path, leaf: Any) -> _LeafData:
     """The datasets of one record, each checked against the schema (shape, dtype, layout)."""
-    where = f"/observables/{leaf.path}"
-    obs = h5safe.group(h5safe.child(f, "observables", file, "/observables"), file, "/observables")
-    g = h5safe.group(h5safe.get(obs, leaf.path, file, "/observables"), file, where)
-    step = h5safe.dataset(h5safe.child(g, "step", file, f"{where}/step"), file, f"{where}/step")
-    value = h5safe.dataset(h5safe.child(g, "value", file, f"{where}/value"), file, f"{where}/value")
-    tds = h5safe.child(g, "time", file, f"{where}/time")
+    where = f"/{OBSERVABLES}/{leaf.path}"
+    obs = h5safe.group(h5safe.child(f, OBSERVABLES, file, f"/{OBSERVABLES}"), file, f"/{OBSERVABLES}")
+    g = h5safe.group(h5safe.get(obs, leaf.path, file, f"/{OBSERVABLES}"), file, where)
+    step = h5safe.dataset(h5safe.child(g, STEP, file, f"{where}/{STEP}"), file, f"{where}/{STEP}")
+    value = h5safe.dataset(h5safe.child(g, VALUE, file, f"{where}/{VALUE}"), file, f"{where}/{VALUE}")
+    tds = h5safe.child(g, TIME, file, f"{where}/{TIME}")
     if tds is not None:
         tds = h5safe.dataset(tds, file, f"{where}/time")
         if tds.ndim != 1 or tds.dtype.kind != "f":
@@ -245,6 +272,163 @@ def _containers(meta: Any) -> Any:
     return found if beyond_dicts(found) else None
 
 
+# ---------------------------------------------------------------------------------------------
+# Where a trajectory's frames come from. ``Trajectory`` reads every frame through one
+# ``FrameSource``: a memory one (``run.trajectory``, ``jl.from_arrays``), a file one (``jl.load``),
+# the parts of a run over several processes, and one system of a batched trajectory. A source
+# answers ``read(path, what, index)``: record ``path``'s values (``VALUE``), steps (``STEP``) or
+# stored times (``TIME``; None where it keeps none: the times are then step * dt), of the frames
+# ``index`` selects (numpy's semantics; None: all).
+
+
+class FrameSource:
+    """The frames of a trajectory's records, read on demand."""
+
+    def read(self, path: str, what: str, index: Any) -> Any:
+        raise NotImplementedError
+
+
+class MemoryFrames(FrameSource):
+    """Frames held in memory (a ``MemorySink``'s, a golden's made from arrays)."""
+
+    def __init__(self, frames: Frames):
+        self.frames = frames
+
+    def read(self, path: str, what: str, index: Any) -> Any:
+        if what == VALUE:
+            arr = self.frames.values[path]
+        elif what == STEP:
+            arr = self.frames.steps[path]
+        else:
+            arr = self.frames.times.get(path)  # given with the frames (jl.from_arrays(time=...)), else none
+            if arr is None:
+                return None
+        return arr if index is None else arr[index]
+
+
+def _check_chunks_once(file: Path | None, checked: set[tuple], ds: h5py.Dataset, rows: int, where: str) -> None:
+    """``h5safe.check_chunks`` once per dataset and version of the file (a live file is re-checked)."""
+    key = None
+    if file is not None:
+        try:
+            st = os.stat(file)
+            key = (where, rows, st.st_ino, st.st_size, st.st_mtime_ns)
+        except OSError:
+            pass
+    if key is not None and key in checked:
+        return
+    h5safe.check_chunks(ds, rows, file, where)
+    if key is not None:
+        checked.add(key)
+
+
+class FileFrames(FrameSource):
+    """Frames read from a trajectory file, lazily: the file is opened per read (no handle kept),
+    each read re-checks the datasets it touches, and a live file is read as of one commit."""
+
+    def __init__(self, path: Path, schema: Schema, info: dict):
+        self.path = path
+        self.schema = schema
+        self._running = info.get(STATUS_ATTR, RUNNING) == RUNNING  # a live (or killed) writer's file
+        self._lengths: dict[str, int] | None = None
+        self._chunks_ok: set[tuple] = set()  # datasets whose chunk index was checked
+
+    def read(self, path: str, what: str, index: Any) -> Any:
+        return _committed_read(self.path, lambda f: self._read_in(f, path, what, index))
+
+    def lengths(self, f: h5py.File) -> dict[str, int]:
+        """Frames per record: the shortest of step/value(/time), so a killed writer's half-appended batch
+        is not shown."""
+        if self._lengths is None or self._running:
+            lengths = {}
+            for leaf in self.schema.leaves:
+                d = leaf_data(f, self.path, leaf)
+                lengths[leaf.path] = min(ds.shape[0] for ds in (d.step, d.value, d.time) if ds is not None)
+            self._lengths = lengths
+        return self._lengths
+
+    def _read_in(self, f: h5py.File, path: str, what: str, index: Any) -> np.ndarray | None:
+        n = self.lengths(f)[path]
+        d = leaf_data(f, self.path, self.schema[path])
+        ds = getattr(d, what)
+        if ds is None:
+            return None
+        _check_chunks_once(self.path, self._chunks_ok, ds, n, f"/{OBSERVABLES}/{path}/{what}")
+        try:
+            out = _read(ds, n, index)
+        except _READ_ERRORS as exc:
+            out = self._read_torn(ds, n, index)
+            if out is None:
+                raise JaxlogError(f"{self.path}: reading record {path!r} ({what}) failed: the file is damaged "
+                                  f"({type(exc).__name__}: {exc})") from None
+        if what == VALUE:
+            out = decode(np.asarray(out), d.dtype_name)
+        return out
+
+    def _read_torn(self, ds: h5py.Dataset, n: int, index: Any) -> np.ndarray | None:
+        """``values[:n][index]`` of a file whose writer was killed while it rewrote the last chunk
+        (see ``h5safe.read_rows_unchecked``): every earlier chunk verified, that one read as it is.
+        None where that does not explain the failure (the file was finished, an earlier chunk is
+        damaged, the chunks are compressed)."""
+        if not self._running or n <= 0 or ds.chunks is None:
+            return None
+        rows = ds.chunks[0]
+        last = (ds.shape[0] - 1) // rows * rows  # the chunk the writer was rewriting
+        if last >= n:
+            return None
+        try:
+            head, tail = ds[:last], h5safe.read_rows_unchecked(ds, last, n)
+        except _READ_ERRORS:
+            return None
+        if tail is None:
+            return None
+        whole = np.concatenate([head, tail])
+        return whole if index is None else whole[index]
+
+
+class PartsFrames(FrameSource):
+    """Frames of a run over several processes, assembled from the blocks its part files hold
+    (``parts.read_blocks``); times are step * dt."""
+
+    def __init__(self, schema: Schema, parted: PartIndex):
+        self.schema = schema
+        self.parted = parted
+
+    def read(self, path: str, what: str, index: Any) -> Any:
+        return read_blocks(self.schema, self.parted, path, what, index)
+
+
+class SystemFrames(FrameSource):
+    """System ``system`` of a batched trajectory ``parent``: the parent's rows that hold its data,
+    and in each, its entry along the leading axis (``take``: an index, or a ragged batch's slice)."""
+
+    def __init__(self, parent: "Trajectory", system: int, take: dict[str, Any]):
+        self.parent = parent
+        self.system = system
+        self.take = take
+        self._rows_of: dict[str, np.ndarray] = {}
+
+    def _rows(self, path: str) -> np.ndarray:
+        """The parent's rows of leaf ``path`` that hold this system's data."""
+        if path not in self._rows_of:
+            keep = self.parent.live(path)[:, self.system]
+            record = self.parent.schema[path].record
+            flags = f"{WHEN}/{record.removeprefix(WHEN + '/')}"
+            if flags in self.parent.schema:
+                keep = keep & np.asarray(self.parent._values(flags, None), bool)[:, self.system]
+            self._rows_of[path] = np.flatnonzero(keep)
+        return self._rows_of[path]
+
+    def read(self, path: str, what: str, index: Any) -> Any:
+        first, rest = (index[0], index[1:]) if isinstance(index, tuple) else (index, ())
+        rows = self._rows(path)
+        sel = rows if first is None else rows[first]
+        out = self.parent._source.read(path, what, sel)
+        if what == VALUE:
+            out = out[(slice(None),) * np.ndim(sel) + (self.take[path],)]
+        return out[rest] if rest and out is not None else out
+
+
 class Trajectory:
     """Recorded values, steps and times per record path, plus run status and provenance.
 
@@ -253,15 +437,20 @@ class Trajectory:
     """
 
     def __init__(self, schema: Schema, info: dict, *, path: Path | None = None, frames: Frames | None = None,
-                 attachments: dict | None = None):
+                 attachments: dict | None = None, source: "FrameSource | None" = None):
         self.schema = schema
         self._info = info
         self.path = path
-        self._frames = frames  # in memory; None for files
+        if source is None and frames is not None:
+            source = MemoryFrames(frames)
+        elif source is None:
+            if path is None:
+                raise JaxlogError("Trajectory(...): give the frames, or the path of the file they are read from")
+            source = FileFrames(path, schema, info)
+        self._source = source  # where the frames are read from (memory, a file, the parts of a run)
         self._attachments = attachments  # in memory; None for files
-        self._lengths: dict[str, int] | None = None
         self._attachment_impls: dict[str, dict[str, str]] = {}
-        self._chunks_ok: set[tuple] = set()  # datasets whose chunk index was checked (file reads)
+        self._chunks_ok: set[tuple] = set()  # attachments whose chunk index was checked (file reads)
 
     # -- metadata ----------------------------------------------------------------------------
     @property
@@ -270,27 +459,27 @@ class Trajectory:
 
     @property
     def status(self) -> str:
-        return self._info.get("status", "running")
+        return self._info.get(STATUS_ATTR, RUNNING)
 
     @property
     def steps_done(self) -> int:
-        return int(self._info.get("steps_done") or 0)
+        return int(self._info.get(STEPS_DONE_ATTR) or 0)
 
     @property
     def violation(self) -> dict | None:
-        return self._info.get("violation")
+        return self._info.get(VIOLATION_ATTR)
 
     @property
     def stop_reason(self) -> str | None:
         """Why the run stopped: ``until``, ``steps``, ``violation`` or ``interrupted`` (None for a
         file whose run did not say: a Recorder loop, a killed process, an older file)."""
-        summary = self._info.get("summary")
+        summary = self._info.get(SUMMARY_ATTR)
         return summary.get("stop_reason") if isinstance(summary, dict) else None
 
     @property
     def systems_done(self) -> np.ndarray | None:
         """Batched runs with ``until=``: the step at which each system finished."""
-        summary = self._info.get("summary")
+        summary = self._info.get(SUMMARY_ATTR)
         done = summary.get("systems_done") if isinstance(summary, dict) else None
         return None if done is None else np.asarray(done, dtype=np.int64)
 
@@ -300,7 +489,7 @@ class Trajectory:
         run wrote it: ``{"views": "frozen", "aux": "invalid", "step logs": "invalid", "invalid": {...}}``
         (views see the state at its stop; the step's aux and logs there are marked invalid: NaN
         for floats, the dtype's minimum or maximum for signed or unsigned ints, False for bools)."""
-        summary = self._info.get("summary")
+        summary = self._info.get(SUMMARY_ATTR)
         note = summary.get("finished_systems") if isinstance(summary, dict) else None
         return note if isinstance(note, dict) else None
 
@@ -325,21 +514,21 @@ class Trajectory:
     def description(self) -> dict:
         """The run as its driver described it to the sinks (driver, steps, chunk, ...; its
         ``meta=`` under ``"run"``/``"meta"``), with the provenance."""
-        return self._info.get("meta") or {}
+        return self._info.get(META_ATTR) or {}
 
     @property
     def provenance(self) -> dict:
-        return self._info.get("provenance") or self.description.get("provenance") or {}
+        return self._info.get(PROVENANCE_ATTR) or self.description.get(PROVENANCE_ATTR) or {}
 
     @property
     def golden(self) -> dict:
         """What a golden file says of how it is checked (the comparison options ``check_golden``
         used) and the platform it was made on; empty for other files and older goldens."""
-        return self._info.get("golden") or {}
+        return self._info.get(GOLDEN_ATTR) or {}
 
     @property
     def writer_error(self) -> str | None:
-        return self._info.get("writer_error")
+        return self._info.get(WRITER_ERROR_ATTR)
 
     @property
     def dt(self) -> float | None:
@@ -415,13 +604,13 @@ class Trajectory:
         checkpointed state made of tuples and lists (and dicts, None) comes back as them, from the
         structure the checkpoint keeps (parsed, never evaluated).
         """
-        for name in ("checkpoint", "postmortem"):  # one snapshot read, not every one stored
+        for name in (CHECKPOINT, POSTMORTEM):  # one snapshot read, not every one stored
             snap = self.snapshot(name, step)
             if snap is not None:
                 flat, impls = snap.arrays, snap.key_impls
                 break
         else:
-            stored = sorted(set(self.attachment_steps("checkpoint")) | set(self.attachment_steps("postmortem")))
+            stored = sorted(set(self.attachment_steps(CHECKPOINT)) | set(self.attachment_steps(POSTMORTEM)))
             raise JaxlogError(f"{self.path or 'trajectory'}: no state stored at step {step} "
                               f"(states stored at steps: {stored or 'none'})")
         meta = snap.arrays.get(CHECKPOINT_META)
@@ -466,13 +655,9 @@ class Trajectory:
         if self.schema.dt is None:
             raise JaxlogError(f"record {name!r} has no time: the run was not given dt=")
         paths = self.schema.resolve(name)
-        if self._frames is None:
-            times = self._file_read(paths[0], "time", index)
-            if times is not None:
-                return times
-        elif paths[0] in self._frames.times:  # given with the frames (jl.from_arrays(time=...))
-            given = self._frames.times[paths[0]]
-            return given if index is None else given[index]
+        times = self._source.read(paths[0], TIME, index)  # stored, or given (jl.from_arrays(time=...))
+        if times is not None:
+            return times
         return self.steps(name, index).astype(np.float64) * self.schema.dt
 
     def wrap_keys(self, name: str, index: Any = None):
@@ -483,81 +668,13 @@ class Trajectory:
         return wrap_key_data(self._values(name, index), impl, f"{self.path or 'trajectory'}: record {name!r}")
 
     def _values(self, path: str, index: Any) -> np.ndarray:
-        if self._frames is not None:
-            values = self._frames.values[path]
-            return values if index is None else values[index]
-        return self._file_read(path, "value", index)
+        return self._source.read(path, VALUE, index)
 
     def _steps(self, path: str, index: Any) -> np.ndarray:
-        if self._frames is not None:
-            steps = self._frames.steps[path]
-            return steps if index is None else steps[index]
-        return self._file_read(path, "step", index)
-
-    def _file_lengths(self, f: h5py.File) -> dict[str, int]:
-        """Frames per record: the shortest of step/value(/time), so a killed writer's half-appended batch
-        is not shown."""
-        if self._lengths is None or self.status == "running":
-            lengths = {}
-            for leaf in self.schema.leaves:
-                d = leaf_data(f, self.path, leaf)
-                lengths[leaf.path] = min(ds.shape[0] for ds in (d.step, d.value, d.time) if ds is not None)
-            self._lengths = lengths
-        return self._lengths
-
-    def _file_read(self, path: str, what: str, index: Any) -> np.ndarray | None:
-        return _committed_read(self.path, lambda f: self._file_read_in(f, path, what, index))
-
-    def _file_read_in(self, f: h5py.File, path: str, what: str, index: Any) -> np.ndarray | None:
-        n = self._file_lengths(f)[path]
-        d = leaf_data(f, self.path, self.schema[path])
-        ds = getattr(d, what)
-        if ds is None:
-            return None
-        self._check_chunks(ds, n, f"/observables/{path}/{what}")
-        try:
-            out = _read(ds, n, index)
-        except _READ_ERRORS as exc:
-            out = self._read_torn(ds, n, index)
-            if out is None:
-                raise JaxlogError(f"{self.path}: reading record {path!r} ({what}) failed: the file is damaged "
-                                  f"({type(exc).__name__}: {exc})") from None
-        if what == "value":
-            out = decode(np.asarray(out), d.dtype_name)
-        return out
-
-    def _read_torn(self, ds: h5py.Dataset, n: int, index: Any) -> np.ndarray | None:
-        """``values[:n][index]`` of a file whose writer was killed while it rewrote the last chunk
-        (see ``h5safe.read_rows_unchecked``): every earlier chunk verified, that one read as it is.
-        None where that does not explain the failure (the file was finished, an earlier chunk is
-        damaged, the chunks are compressed)."""
-        if self.status != "running" or n <= 0 or ds.chunks is None:
-            return None
-        rows = ds.chunks[0]
-        last = (ds.shape[0] - 1) // rows * rows  # the chunk the writer was rewriting
-        if last >= n:
-            return None
-        try:
-            head, tail = ds[:last], h5safe.read_rows_unchecked(ds, last, n)
-        except _READ_ERRORS:
-            return None
-        if tail is None:
-            return None
-        whole = np.concatenate([head, tail])
-        return whole if index is None else whole[index]
+        return self._source.read(path, STEP, index)
 
     def _check_chunks(self, ds: h5py.Dataset, rows: int, where: str) -> None:
-        """``h5safe.check_chunks`` once per dataset and version of the file (a live file is re-checked)."""
-        try:
-            st = os.stat(self.path)
-            key = (where, rows, st.st_ino, st.st_size, st.st_mtime_ns)
-        except OSError:
-            key = None
-        if key is not None and key in self._chunks_ok:
-            return
-        h5safe.check_chunks(ds, rows, self.path, where)
-        if key is not None:
-            self._chunks_ok.add(key)
+        _check_chunks_once(self.path, self._chunks_ok, ds, rows, where)
 
     # -- attachments -------------------------------------------------------------------------
     def attachment(self, name: str, *, skip_damaged: bool = False) -> dict[int, dict[str, np.ndarray]]:
@@ -612,7 +729,7 @@ class Trajectory:
 
     def _read_snapshot(self, root: Any, name: str, step: int) -> Snapshot:
         """One attachment group, read and checked."""
-        where = f"/jaxlog/attachments/{name}/{step}"
+        where = f"/{JAXLOG}/{ATTACHMENTS}/{name}/{step}"
         try:
             g = h5safe.group(h5safe.child(root, str(step), self.path, where), self.path, where)
         except _READ_ERRORS as exc:
@@ -650,7 +767,7 @@ class Trajectory:
 
     @property
     def postmortem(self) -> dict[int, dict[str, np.ndarray]]:
-        return self.attachment("postmortem")
+        return self.attachment(POSTMORTEM)
 
     # -- conversions -------------------------------------------------------------------------
     def frames(self) -> Frames:
@@ -672,23 +789,23 @@ class Trajectory:
         writer_kwargs.setdefault("expected_frames", {p: len(s) for p, s in frames.steps.items()})
         writer = HDF5Writer(path, compression=compression, **writer_kwargs)
         meta = dict(self.description)
-        meta.setdefault("provenance", self.provenance)
+        meta.setdefault(PROVENANCE_ATTR, self.provenance)
         writer.open(self.schema, meta)
         try:
             writer.write(frames)
-            names = {"postmortem"} if self._attachments is None else set(self._attachments)
+            names = {POSTMORTEM} if self._attachments is None else set(self._attachments)
             if self._attachments is None and self.path is not None:
                 names = _committed_read(self.path, lambda f: _attachment_names(f, self.path))
             for name in sorted(names):
                 for snap in self.snapshots(name):
                     writer.attach(name, snap.step, snap.arrays, key_impls=snap.key_impls)
         except BaseException:
-            writer.close("failed", steps_done=self.steps_done)
+            writer.close(FAILED, steps_done=self.steps_done)
             raise
         writer.close(self.status, steps_done=self.steps_done, violation=self.violation,
-                     summary=self._info.get("summary"))
+                     summary=self._info.get(SUMMARY_ATTR))
         if golden is not None:  # not covered by the checksum: a file written before it existed reads the same
-            set_text_attr(Path(path), "golden", json_text(golden), durable=writer.durable)
+            set_text_attr(Path(path), GOLDEN_ATTR, json_text(golden), durable=writer.durable)
         return Path(path)
 
     @classmethod
@@ -698,12 +815,12 @@ class Trajectory:
             raise JaxlogError("MemorySink was never opened: nothing was recorded")
         meta = dict(sink.meta)
         info = {
-            "status": sink.status,
-            "steps_done": sink.steps_done,
-            "violation": sink.violation,
-            "summary": sink.summary,
-            "meta": meta,
-            "provenance": meta.get("provenance"),
+            STATUS_ATTR: sink.status,
+            STEPS_DONE_ATTR: sink.steps_done,
+            VIOLATION_ATTR: sink.violation,
+            SUMMARY_ATTR: sink.summary,
+            META_ATTR: meta,
+            PROVENANCE_ATTR: meta.get(PROVENANCE_ATTR),
         }
         traj = cls(sink.schema, info, frames=sink.frames(), attachments=dict(sink.attachments))
         traj._attachment_impls = {k: dict(v) for k, v in getattr(sink, "attachment_key_impls", {}).items()}
@@ -771,15 +888,15 @@ def _steps_in(root: h5py.Group, file: Path, name: str) -> list[int]:
 
 def _attachments_root(f: h5py.File, file: Path, name: str | None) -> h5py.Group | None:
     """/jaxlog/attachments (or its ``name`` group), through hard links; None when absent."""
-    jl = h5safe.group(h5safe.child(f, "jaxlog", file, "/jaxlog"), file, "/jaxlog")
-    root = h5safe.child(jl, "attachments", file, "/jaxlog/attachments")
+    jl = h5safe.group(h5safe.child(f, JAXLOG, file, f"/{JAXLOG}"), file, f"/{JAXLOG}")
+    root = h5safe.child(jl, ATTACHMENTS, file, f"/{JAXLOG}/{ATTACHMENTS}")
     if root is None:
         return None
-    root = h5safe.group(root, file, "/jaxlog/attachments")
+    root = h5safe.group(root, file, f"/{JAXLOG}/{ATTACHMENTS}")
     if name is None:
         return root
-    sub = h5safe.child(root, name, file, f"/jaxlog/attachments/{name}")
-    return None if sub is None else h5safe.group(sub, file, f"/jaxlog/attachments/{name}")
+    sub = h5safe.child(root, name, file, f"/{JAXLOG}/{ATTACHMENTS}/{name}")
+    return None if sub is None else h5safe.group(sub, file, f"/{JAXLOG}/{ATTACHMENTS}/{name}")
 
 
 def _decode_checked(stored: np.ndarray, dname: str | None, file: Path, where: str) -> np.ndarray:
@@ -861,9 +978,9 @@ def _read_info(jl: h5py.Group, file: Path) -> dict[str, Any]:
     texts: dict[str, str | None] = {}
     missing = []
     for key in _REQUIRED + _OPTIONAL:
-        if key == "meta":  # holds the run's meta=, free text: bounded before it is read
-            h5safe.check_attr_size(jl, key, READ_MAX_BYTES, file, "/jaxlog")
-        raw = texts[key] = _attr_text(jl, key, file, "/jaxlog")
+        if key == META_ATTR:  # holds the run's meta=, free text: bounded before it is read
+            h5safe.check_attr_size(jl, key, READ_MAX_BYTES, file, f"/{JAXLOG}")
+        raw = texts[key] = _attr_text(jl, key, file, f"/{JAXLOG}")
         if raw is None:
             if key in _REQUIRED:
                 missing.append(key)
@@ -874,7 +991,7 @@ def _read_info(jl: h5py.Group, file: Path) -> dict[str, Any]:
             raise JaxlogError(f"{file}: /jaxlog attribute {key!r} is not JSON") from None
     if missing:
         raise JaxlogError(f"{file} is not a pytest-jaxlog trajectory: /jaxlog lacks {', '.join(missing)}")
-    version = info["format_version"]
+    version = info[FORMAT_VERSION_ATTR]
     if not is_integer(version) or version < 1:
         raise JaxlogError(f"{file}: /jaxlog attribute 'format_version' is {version!r}, not a version number")
     if version > FORMAT_VERSION:
@@ -883,19 +1000,19 @@ def _read_info(jl: h5py.Group, file: Path) -> dict[str, Any]:
             f"<= {FORMAT_VERSION}): upgrade pytest-jaxlog to read it"
         )
     _check_crc(jl, texts, file)
-    if info["status"] not in STATUSES:
-        raise JaxlogError(f"{file}: /jaxlog attribute 'status' is {info['status']!r}; expected one of "
+    if info[STATUS_ATTR] not in STATUSES:
+        raise JaxlogError(f"{file}: /jaxlog attribute 'status' is {info[STATUS_ATTR]!r}; expected one of "
                           f"{', '.join(STATUSES)}")
-    if not is_integer(info["steps_done"]) or not 0 <= info["steps_done"] < 2**63:
-        raise JaxlogError(f"{file}: /jaxlog attribute 'steps_done' is {info['steps_done']!r}, not a step number")
-    for key in ("provenance", "meta", "violation", "summary", "golden"):
+    if not is_integer(info[STEPS_DONE_ATTR]) or not 0 <= info[STEPS_DONE_ATTR] < 2**63:
+        raise JaxlogError(f"{file}: /jaxlog attribute 'steps_done' is {info[STEPS_DONE_ATTR]!r}, not a step number")
+    for key in (PROVENANCE_ATTR, META_ATTR, VIOLATION_ATTR, SUMMARY_ATTR, GOLDEN_ATTR):
         if info.get(key) is not None and not isinstance(info[key], dict):
             raise JaxlogError(f"{file}: /jaxlog attribute {key!r} must be an object or null")
-    described = described_run(info.get("meta") or {}) or {}
+    described = described_run(info.get(META_ATTR) or {}) or {}
     if not isinstance(described.get("meta", {}), dict):
         raise JaxlogError(f"{file}: /jaxlog attribute 'meta' holds the run's meta= as {type(described['meta']).__name__}, "
                           f"not an object")
-    summary = info.get("summary") or {}
+    summary = info.get(SUMMARY_ATTR) or {}
     if summary.get("stop_reason") not in (None, "until", "steps", "violation", "interrupted"):
         raise JaxlogError(f"{file}: /jaxlog summary's stop_reason is {summary.get('stop_reason')!r}")
     done = summary.get("systems_done")
@@ -903,7 +1020,7 @@ def _read_info(jl: h5py.Group, file: Path) -> dict[str, Any]:
         raise JaxlogError(f"{file}: /jaxlog summary's systems_done is not a list of step numbers")
     if summary.get("finished_systems") is not None and not isinstance(summary["finished_systems"], dict):
         raise JaxlogError(f"{file}: /jaxlog summary's finished_systems must be an object or null")
-    if info.get("writer_error") is not None and not isinstance(info["writer_error"], str):
+    if info.get(WRITER_ERROR_ATTR) is not None and not isinstance(info[WRITER_ERROR_ATTR], str):
         raise JaxlogError(f"{file}: /jaxlog attribute 'writer_error' must be a string or null")
     return info
 
@@ -912,12 +1029,8 @@ class PartedTrajectory(Trajectory):
     """One trajectory over the part files a multi-process index names (``parts.read_index``)."""
 
     def __init__(self, schema: Schema, info: dict, *, path: Path, parted: PartIndex):
-        super().__init__(schema, info, path=path)
-        self._parted = parted
+        super().__init__(schema, info, path=path, source=PartsFrames(schema, parted))
         self.parts = parted.files
-
-    def _file_read(self, name: str, what: str, index: Any) -> np.ndarray | None:
-        return read_blocks(self, self._parted, name, what, index)
 
 
 def load(path: str | os.PathLike, *, part_of: Path | None = None) -> Trajectory:
@@ -939,7 +1052,7 @@ def load(path: str | os.PathLike, *, part_of: Path | None = None) -> Trajectory:
 def _load_from(f: h5py.File, path: Path, part_of: Path | None) -> Trajectory:
     """``load``'s reading of the open file (again if a live writer's commit overlapped it)."""
     try:
-        jl = h5safe.child(f, "jaxlog", path, "/jaxlog")
+        jl = h5safe.child(f, JAXLOG, path, f"/{JAXLOG}")
         if jl is None:
             try:
                 top = ", ".join(f.keys()) or "(none)"
@@ -947,21 +1060,22 @@ def _load_from(f: h5py.File, path: Path, part_of: Path | None) -> Trajectory:
                 top = "unreadable"
             raise JaxlogError(f"{path} is not a pytest-jaxlog trajectory: it has no /jaxlog group "
                               f"(top-level groups: {top})")
-        jl = h5safe.group(jl, path, "/jaxlog")
+        jl = h5safe.group(jl, path, f"/{JAXLOG}")
         info = _read_info(jl, path)
-        schema = _schema_from_json(info["schema"], path)
-        if info.get("parts") is not None:  # the index of a run over several processes: data in the parts
+        schema = _schema_from_json(info[SCHEMA_ATTR], path)
+        if info.get(PARTS_ATTR) is not None:  # the index of a run over several processes: data in the parts
             if part_of is not None:
                 raise invalid_index(part_of, f"part file {path.name} is itself an index")
             parted = read_index(path, schema, info, load_part=lambda f: load(f, part_of=path))
             return PartedTrajectory(schema, info, path=path, parted=parted)
-        obs = h5safe.child(f, "observables", path, "/observables")
-        absent = [p for p in schema.paths
-                  if obs is None or h5safe.get(h5safe.group(obs, path, "/observables"), p, path, "/observables") is None]
+        obs = h5safe.child(f, OBSERVABLES, path, f"/{OBSERVABLES}")
+        absent = [p for p in schema.paths if obs is None or h5safe.get(
+            h5safe.group(obs, path, f"/{OBSERVABLES}"), p, path, f"/{OBSERVABLES}") is None]
         if absent:
             raise JaxlogError(f"{path}: records {absent} are in the schema but not under /observables")
-        traj = Trajectory(schema, info, path=path)
-        traj._file_lengths(f)  # every record's datasets, checked against the schema
+        source = FileFrames(path, schema, info)
+        source.lengths(f)  # every record's datasets, checked against the schema
+        traj = Trajectory(schema, info, path=path, source=source)
     except _READ_ERRORS as exc:  # a damaged object header, heap or B-tree
         raise JaxlogError(f"{path}: the file is damaged ({type(exc).__name__}: {exc})") from None
     return traj
@@ -991,12 +1105,11 @@ class SystemTrajectory(Trajectory):
         if not is_integer(system) or not -n <= system < n:
             raise JaxlogError(f"traj.system({system!r}): the run has {n} systems (0..{n - 1})")
         self.parent, self.system_index = parent, int(system) % n
-        self._take: dict[str, Any] = {leaf.path: self._axis_pick(leaf) for leaf in parent.schema.leaves}
-        leaves = tuple(dataclasses.replace(leaf, shape=_picked_shape(leaf.shape, self._take[leaf.path]))
+        take: dict[str, Any] = {leaf.path: self._axis_pick(leaf) for leaf in parent.schema.leaves}
+        leaves = tuple(dataclasses.replace(leaf, shape=_picked_shape(leaf.shape, take[leaf.path]))
                        for leaf in parent.schema.leaves)
         super().__init__(Schema(leaves, batched=False, dt=parent.schema.dt), parent._info, path=parent.path,
-                         attachments={})
-        self._rows_of: dict[str, np.ndarray] = {}
+                         attachments={}, source=SystemFrames(parent, self.system_index, take))
 
     def _axis_pick(self, leaf: Any) -> Any:
         """What this system is along ``leaf``'s leading axis: its index, or in a ragged batch's
@@ -1019,38 +1132,6 @@ class SystemTrajectory(Trajectory):
     def __repr__(self) -> str:
         return f"<system {self.system_index} of {self.parent!r}>"
 
-    def _rows(self, path: str) -> np.ndarray:
-        """The parent's rows of leaf ``path`` that hold this system's data."""
-        if path not in self._rows_of:
-            keep = self.parent.live(path)[:, self.system_index]
-            record = self.schema[path].record
-            flags = f"{WHEN}/{record.removeprefix(WHEN + '/')}"
-            if flags in self.parent.schema:
-                keep = keep & np.asarray(self.parent._values(flags, None), bool)[:, self.system_index]
-            self._rows_of[path] = np.flatnonzero(keep)
-        return self._rows_of[path]
-
-    def _read(self, path: str, what: str, index: Any) -> np.ndarray | None:
-        first, rest = (index[0], index[1:]) if isinstance(index, tuple) else (index, ())
-        rows = self._rows(path)
-        sel = rows if first is None else rows[first]
-        if what == "value":
-            out = self.parent._values(path, sel)
-            out = out[(slice(None),) * np.ndim(sel) + (self._take[path],)]
-        elif what == "step":
-            out = self.parent._steps(path, sel)
-        else:
-            out = self.parent._file_read(path, what, sel) if self.parent._frames is None else None
-        return out[rest] if rest and out is not None else out
-
-    def _values(self, path: str, index: Any) -> np.ndarray:
-        return self._read(path, "value", index)
-
-    def _steps(self, path: str, index: Any) -> np.ndarray:
-        return self._read(path, "step", index)
-
-    def _file_read(self, path: str, what: str, index: Any) -> np.ndarray | None:
-        return self._read(path, what, index)
 
 # ---------------------------------------------------------------------------------------------
 # A trajectory as a ``.npz`` (``jaxlog export TRAJ.h5 --npz OUT.npz``): each record's values,
