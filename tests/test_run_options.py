@@ -35,7 +35,7 @@ def test_a_keyword_run_does_not_take_is_refused_as_run_refuses_it(name):
     outcome = run_outcome(lambda s: s + 1, jnp.zeros(2), 3, progress=False, **{name: None})
     assert outcome.run is None
     assert isinstance(outcome.error, TypeError)
-    assert str(outcome.error) == f"run() got an unexpected keyword argument {name!r}"
+    assert str(outcome.error).startswith(f"run() got an unexpected keyword argument {name!r}")  # 3.13: a suggestion
     assert str(direct.value) == str(outcome.error)
 
 

@@ -24,7 +24,7 @@ from ..profiling.timings import CompileTracker
 from .checkpoints.checkpoint import ResumePoint
 from .device import program
 from .device.plan import DEFAULT_BUDGET, auto_chunk
-from .host.config import RunConfig, configure, options
+from .host.config import OPTIONS, RunConfig, configure, options
 from .host.loop import RunLoop
 from .host.result import STOP_REASONS, Outcome, Run
 from .host.signals import sigterm_noted
@@ -107,6 +107,15 @@ def run(step: Callable, state: Any, steps: int, *, record: Any = None, invariant
     return _execute(RunLoop(configure(given, state), *_clock()), state)
 
 
+def _options(step: Callable, steps: int, kwargs: dict) -> RunConfig:
+    """``jl.run``'s options given as keywords; one ``jl.run`` does not take is refused by ``jl.run``
+    itself, before its body runs, so the error is word for word Python's (3.13's adds a
+    suggestion)."""
+    if not OPTIONS.issuperset(kwargs):
+        run(step, None, steps, **kwargs)  # raises: its parameters are step, state, steps and OPTIONS
+    return options(step, steps, kwargs)
+
+
 def _clock() -> tuple[CompileTracker, float]:
     """The run's compile tracker (entered by ``_execute``) and its start time."""
     return CompileTracker(program.chunk_impl, read_args=False), time.perf_counter()
@@ -134,7 +143,7 @@ def run_outcome(step: Callable, state: Any, steps: int, **kwargs: Any) -> Outcom
     __tracebackhide__ = hide_frame_from_checks  # the error's traceback passes through here
     driver = None
     try:
-        driver = RunLoop(configure(options(step, steps, kwargs), state), *_clock())
+        driver = RunLoop(configure(_options(step, steps, kwargs), state), *_clock())
         return Outcome(_execute(driver, state), None)
     except BaseException as e:
         return Outcome(None if driver is None else driver.result, e)
@@ -144,4 +153,4 @@ def resume_run(step: Callable, state: Any, steps: int, point: ResumePoint, **kwa
     """``jl.run`` continuing the run recorded up to checkpoint ``point`` (``jl.resume``'s entry):
     ``kwargs`` are ``jl.run``'s."""
     __tracebackhide__ = hide_frame_from_checks
-    return _execute(RunLoop(configure(options(step, steps, kwargs), state, point), *_clock()), state)
+    return _execute(RunLoop(configure(_options(step, steps, kwargs), state, point), *_clock()), state)
