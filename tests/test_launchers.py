@@ -182,7 +182,10 @@ def test_ranks_started_from_the_jax_variables_one_of_them_failing(project):
     assert "1 failed, 1 passed" in out1 and "AssertionError: rank 1 disagrees" in out1
     assert "2 passed" in out0, out0[-4000:]
     assert "INTERNALERROR" not in out0 + out1 and "Traceback" not in out0 + out1, out0 + out1
-    assert code0 in (0, -signal.SIGTERM, -signal.SIGKILL), (code0, out0[-4000:])
+    # 0: it left the barrier before the SIGTERM; -SIGTERM/-SIGKILL: ended at the barrier; 1: the SIGTERM
+    # landed while it wrote its reports, was noted there, and it exited past the barrier as a stopped
+    # process does (harness.processes.DistributedChild); its tests passed either way (above)
+    assert code0 in (0, 1, -signal.SIGTERM, -signal.SIGKILL), (code0, out0[-4000:])
     r, doc = _merge(project)
     assert r.returncode == 0, r.stdout + r.stderr
     assert _outcomes(doc) == {("test_sharded", 0): "passed", ("test_sharded", 1): "passed",
