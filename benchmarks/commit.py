@@ -1,5 +1,5 @@
 """What a commit costs: ``jl.HDF5Writer``'s flushes, each a commit through its rollback journal
-(``pytest_jaxlog/store/journal.py``), against h5py writing and flushing the same frames itself.
+(``pytest_jaxlog/store/hdf5/journal.py``), against h5py writing and flushing the same frames itself.
 
     python benchmarks/commit.py                       # 200 batches of 10 frames of 8 KiB
     python benchmarks/commit.py --frame-kb 256 --batches 40 --repeats 9
