@@ -226,7 +226,7 @@ def test_killed_at_random_points_and_resumed_20_times(tmp_path):
             proc.communicate(timeout=120)
             results.append((path, sig))
     # each killed file is resumed and compared in a process of its own (a crash there must not
-    # take the test down); every flush is a commit, so none may be damaged (store/journal.py)
+    # take the test down); every flush is a commit, so none may be damaged (store/hdf5/journal.py)
     outcomes = []
     for path, sig in results:
         r = subprocess.run([sys.executable, "-c", RESUME_CHILD.format(tests=os.path.dirname(__file__)), str(path),

@@ -1,4 +1,4 @@
-"""``check/specs.py``: each built-in invariant as JSON and back checks the same frames the same
+"""``check/invariants.py``: each built-in invariant as JSON and back checks the same frames the same
 way, under the name the file gives; code (a predicate, a subclass) has no spec; a spec a file
 could hold that is not one is one ``JaxlogError``."""
 

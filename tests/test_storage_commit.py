@@ -1,4 +1,4 @@
-"""Commits (store/journal.py): a kill or a power loss at any system call of a commit leaves a
+"""Commits (store/hdf5/journal.py): a kill or a power loss at any system call of a commit leaves a
 file that loads, with every frame and checkpoint acknowledged before it, and nothing else wrong;
 a reader polling a live file never sees half a commit.
 

@@ -328,7 +328,7 @@ def test_sigkill_in_a_tight_loop_never_leaves_an_unopenable_file(tmp_path):
     print(statuses)
     # the kills landed inside the loop's create/write/close cycles, and most left a file that opens
     assert any(s in ("complete", "running") for s in statuses), statuses
-    assert statuses.count("damaged") == 0, statuses  # every flush is a commit (store/journal.py)
+    assert statuses.count("damaged") == 0, statuses  # every flush is a commit (store/hdf5/journal.py)
     write_file(path, 2.0)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.h5", "t.h5.warm"]
 

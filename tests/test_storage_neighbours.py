@@ -1,7 +1,7 @@
 """Files planted beside a trajectory never hang it, break it, or change what it reads.
 
 Beside ``t.h5`` a live writer keeps ``.t.h5.jaxlog-journal``, the commit generation and lock its
-readers check (the rollback journal of a commit is inside the file: ``store/journal.py``).
+readers check (the rollback journal of a commit is inside the file: ``store/hdf5/journal.py``).
 Whatever is planted at that name, for real (a FIFO, a directory, a link to a file elsewhere,
 megabytes of junk, a header declaring 16 GiB, a rollback journal of the earlier format with
 300,000 empty entries naming the file itself, a stale one that would zero the superblock, the

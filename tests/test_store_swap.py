@@ -1,4 +1,4 @@
-"""``HDF5Writer(replace_at_checkpoint=k)`` (``store/swap.py``): the new file takes the path only
+"""``HDF5Writer(replace_at_checkpoint=k)`` (``store/hdf5/journal.py``): the new file takes the path only
 once a checkpoint at step ``k`` or later is on disk; a writer closed before leaves the path's
 previous file as it was and no temporary file beside it."""
 
