@@ -24,7 +24,7 @@ from ..profiling.timings import CompileTracker
 from .checkpoints.checkpoint import ResumePoint
 from .device import program
 from .device.plan import DEFAULT_BUDGET, auto_chunk
-from .host.config import OPTIONS, RunConfig, configure, options
+from .host.config import OPTIONS, RunConfig, configure
 from .host.loop import RunLoop
 from .host.result import STOP_REASONS, Outcome, Run
 from .host.signals import sigterm_noted
@@ -113,7 +113,7 @@ def _options(step: Callable, steps: int, kwargs: dict) -> RunConfig:
     suggestion)."""
     if not OPTIONS.issuperset(kwargs):
         run(step, None, steps, **kwargs)  # raises: its parameters are step, state, steps and OPTIONS
-    return options(step, steps, kwargs)
+    return RunConfig(step=step, steps=steps, **kwargs)
 
 
 def _clock() -> tuple[CompileTracker, float]:

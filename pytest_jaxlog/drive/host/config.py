@@ -27,7 +27,7 @@ from ..device.program import Lane
 from ..prepare.schema import (Segments, ValueSource, Values, as_segments, log_schedules, n_systems_of, resolve, short_error,
                               step_values, takes_values)
 
-__all__ = ['RunConfig', 'configure', 'options', 'OPTIONS']
+__all__ = ['RunConfig', 'configure', 'OPTIONS']
 
 _NOT_AN_OPTION = {"option": False}  # a field of the run that jl.run takes no keyword for
 
@@ -36,7 +36,7 @@ _NOT_AN_OPTION = {"option": False}  # a field of the run that jl.run takes no ke
 class RunConfig:
     """``jl.run``'s options, declared once: by their public names, with the defaults ``jl.run``'s
     signature shows (``tests/test_run_options.py`` holds the two equal). Made once from what the
-    caller gave (:func:`options`), then :func:`configure` checks it and returns it normalized, the
+    caller gave (``drive.run``), then :func:`configure` checks it and returns it normalized, the
     same fields (``batched`` a ragged batch's :class:`Segments` where ``segments=`` is given, ``logs``
     ``(name, schedule)`` pairs, ``checkpoint`` a :class:`Schedule`, ``meta`` a dict) with what the
     checks derive (``lanes``, ``until_values``): what the rest of the driver reads by name."""
@@ -86,15 +86,6 @@ class RunConfig:
 
 OPTIONS = frozenset(f.name for f in dataclasses.fields(RunConfig)
                     if f.metadata.get("option", True) and f.name not in ("step", "steps"))
-
-
-def options(step: Callable, steps: int, kwargs: dict) -> RunConfig:
-    """``jl.run``'s keyword arguments given as a dict (``jl.resume``'s, the fixture's) as its
-    options, refused as ``jl.run`` itself refuses a keyword it does not take."""
-    unknown = next((name for name in kwargs if name not in OPTIONS), None)
-    if unknown is not None:
-        raise TypeError(f"run() got an unexpected keyword argument {unknown!r}")
-    return RunConfig(step=step, steps=steps, **kwargs)
 
 
 def configure(given: RunConfig, state: Any, resume: ResumePoint | None = None) -> RunConfig:

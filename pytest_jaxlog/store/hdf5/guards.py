@@ -76,7 +76,7 @@ def stuck_note(path: Path | str) -> str:
 class _Job:
     """One call handed to the helper thread (``_serve``)."""
 
-    __slots__ = ("fn", "args", "done", "result", "error", "started", "withdrawn", "abandoned")
+    __slots__ = ("fn", "args", "done", "result", "error", "withdrawn", "abandoned")
 
     def __init__(self, fn: Callable[..., Any], args: tuple):
         self.fn, self.args = fn, args
@@ -84,7 +84,6 @@ class _Job:
         self.done.acquire()
         self.result: Any = None
         self.error: BaseException | None = None
-        self.started = False  # the helper thread called ``fn``
         self.withdrawn = False  # the waiting thread made the call itself: the helper must not
         self.abandoned = False  # the waiting thread gave up on it (the disk stopped answering)
 
@@ -109,12 +108,12 @@ def _serve(jobs: queue.SimpleQueue) -> None:
     (its calls are ``os`` functions, given a ready tuple) and the waiting thread, seeing this
     thread collect, makes the call itself (``GuardedDisk._call``).
 
-    Why that is safe: the test of ``withdrawn``, the setting of ``started`` and the call have no
-    point between them where the interpreter switches threads, so either this thread calls
-    ``fn`` and ``started`` says so, or the waiting thread withdrew the call first and this thread
-    never makes it; and a collection here after ``started`` comes after ``fn`` returned (nothing
-    before it allocates), so the waiting thread makes again a call already made, which for these
-    calls (a read, a write or a truncation at the same place, a sync) changes nothing."""
+    Why that is safe: the test of ``withdrawn`` and the call have no point between them where the
+    interpreter switches threads, so either the waiting thread withdrew the call first and this
+    thread never makes it, or this thread calls ``fn``; and a collection here then comes after
+    ``fn`` returned (nothing before it allocates), so the waiting thread makes again a call
+    already made, which for these calls (a read, a write or a truncation at the same place, a
+    sync) changes nothing."""
     get = jobs.get
     while True:
         job = get()
@@ -122,7 +121,6 @@ def _serve(jobs: queue.SimpleQueue) -> None:
             return
         if job.withdrawn:
             continue
-        job.started = True
         try:
             job.result = job.fn(*job.args)
         except BaseException as exc:  # noqa: BLE001  (raised on the waiting thread)
