@@ -347,3 +347,42 @@ def test_a_collection_on_the_io_thread_waiting_for_h5pys_lock_is_not_a_stall(tmp
         disk.close()
         os.close(fd)
         other.close()
+
+
+CTRL_C_IN_COLLECTIONS = textwrap.dedent(
+    """
+    import gc, itertools, os, signal, sys, threading, time
+    import pytest_jaxlog.store.hdf5.guards  # registers its gc callbacks
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # (a child of a background job ignores it)
+    gc.set_threshold(1)  # a collection at nearly every allocation: the signal lands in one often
+
+
+    def spin(deadline):  # (a function: Python 3.13.0 lets an interrupt at a loop's jump in a try escape it)
+        while time.monotonic() < deadline:  # allocating in C: the gc callbacks are the only Python code run
+            list(map(list, itertools.repeat((), 100_000)))
+
+    lost = 0
+    for trial in range(int(sys.argv[1])):
+        try:  # sent from another thread: os.kill to itself would raise at once, outside any collection
+            threading.Timer(0.001 * (trial % 10), os.kill, (os.getpid(), signal.SIGINT)).start()
+            spin(time.monotonic() + 2.0)
+            lost += 1
+        except KeyboardInterrupt:
+            pass
+    print("lost", lost)
+    """
+)
+
+
+def test_ctrl_c_landing_in_a_garbage_collection_is_not_lost(tmp_path):
+    """The guard's gc callbacks see every collection, the main thread's too. A Python function
+    there is where a pending signal is taken, and the KeyboardInterrupt raised in a gc callback is
+    reported as unraisable and dropped: a run would ignore Ctrl-C (seen as a writer's child that
+    never stopped). Every interrupt must reach the main thread."""
+    script = tmp_path / "child.py"
+    script.write_text(CTRL_C_IN_COLLECTIONS)
+    proc = subprocess.run([sys.executable, str(script), "20"], capture_output=True, text=True, timeout=GUARD_S + 120,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["lost", "0"], proc.stderr[-2000:]
+    assert "KeyboardInterrupt" not in proc.stderr

@@ -202,22 +202,27 @@ CHILD = textwrap.dedent(
         return fr
 
     status = "complete"
+    written = [0]  # batches written
+
+    def keep_writing():  # (a function: Python 3.13.0 lets an interrupt at a loop's jump in a try escape it)
+        while True:  # keep writing (and flushing on the timer) until killed / interrupted
+            w.write(batch(written[0]))
+            written[0] += 1
+            if mode == "exit" and written[0] == 30:
+                sys.exit(0)  # never calls close: the atexit hook must finish the file
+
     try:
         for k in range(20):
             w.write(batch(k))
+            written[0] += 1
         w.flush()
         print("flushed", 10 * 20 - 1, flush=True)
-        k = 20
-        while True:  # keep writing (and flushing on the timer) until killed / interrupted
-            w.write(batch(k))
-            k += 1
-            if mode == "exit" and k == 30:
-                sys.exit(0)  # never calls close: the atexit hook must finish the file
+        keep_writing()
     except KeyboardInterrupt:
         status = "stopped"
     finally:
         if mode != "exit":
-            w.close(status, steps_done=10 * k - 1)
+            w.close(status, steps_done=10 * written[0] - 1)
     """
 )
 
@@ -272,6 +277,77 @@ def test_sigint_in_child_closes_with_status_stopped(tmp_path):
     _check_prefix_consistent(traj, flushed_last)
     # every frame handed over before the interrupt is in the file (flush_every_s=60: close wrote them)
     assert traj.steps("energy")[-1] >= traj.steps_done - 10
+
+
+INTERRUPTED_POLL = textwrap.dedent(
+    """
+    import inspect, signal, sys, threading, time, numpy as np
+    from pytest_jaxlog.record.frames import Frames, LeafSpec, Schema
+    from pytest_jaxlog.record.schedule import every
+    from pytest_jaxlog.store.hdf5.writer import HDF5Writer
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # (a child of a background job ignores it)
+
+    class SlowWriter(HDF5Writer):
+        def _append(self, frames):
+            time.sleep(0.02)  # a backlog builds up: the thread is writing when the caller is interrupted
+            super()._append(frames)
+
+    # where the interrupt lands: the first line the main thread runs in a check of the writer
+    # thread's life once armed, inside Thread.is_alive's wait (Python 3.11, 3.12) or a flag's read
+    wait = getattr(threading.Thread, "_wait_for_tstate_lock", None)
+    lines = set()
+    if wait is not None:
+        src, first = inspect.getsourcelines(wait)
+        lines = {first + i for i, text in enumerate(src) if "lock.acquire(" in text}
+    armed = False
+
+    def trace(frame, event, arg):
+        if armed and event == "line" and (frame.f_lineno in lines and frame.f_code is wait.__code__
+                                          or frame.f_code.co_name == "alive"):
+            sys.settrace(None)
+            signal.raise_signal(signal.SIGINT)
+        return trace
+
+    schema = Schema((LeafSpec("energy", "energy", (), np.dtype("float64"), every(1)),))
+    w = SlowWriter(sys.argv[1], queue_bytes=4096, flush_every_s=60.0)
+    w.open(schema, {})
+    handed = -1
+    status = "complete"
+    sys.settrace(trace)
+    try:
+        for k in range(200):
+            fr = Frames()
+            steps = np.arange(10 * k, 10 * k + 10)
+            fr.add("energy", steps, steps * 0.5)
+            armed = k >= 20  # the queue is full by then
+            w.write(fr)
+            handed = int(steps[-1])
+    except KeyboardInterrupt:
+        status = "stopped"
+    sys.settrace(None)
+    w.close(status, steps_done=handed)
+    print(status, handed)
+    """
+)
+
+
+def test_ctrl_c_while_the_caller_checks_the_writer_thread_keeps_every_frame(tmp_path):
+    """On Python 3.11 and 3.12 an interrupt inside ``Thread.is_alive`` marks the running thread
+    stopped; a writer that asked its thread's life that way then finished the file on the
+    caller's thread while the thread still wrote its backlog (steps lost, or HDF5 ids closed
+    under the thread: 'identifier is not of specified type'). The interrupt is raised at the
+    first line of such a check once the queue is full."""
+    script = tmp_path / "child.py"
+    script.write_text(INTERRUPTED_POLL)
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "t.h5")], capture_output=True, text=True,
+                          timeout=GUARD_S, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert proc.returncode == 0, proc.stderr
+    status, handed = proc.stdout.split()
+    assert status == "stopped" and int(handed) >= 199  # interrupted after the 20th batch
+    traj = load(tmp_path / "t.h5")
+    assert traj.status == "stopped" and traj.steps_done == int(handed)
+    np.testing.assert_array_equal(traj.steps("energy"), np.arange(int(handed) + 1))  # every frame handed over
 
 
 def test_writer_never_closed_is_finished_at_exit(tmp_path):

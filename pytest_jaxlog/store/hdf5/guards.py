@@ -5,10 +5,12 @@ then an exit)."""
 from __future__ import annotations
 
 import atexit
+import collections
 import datetime
 import errno
 import functools
 import gc
+import operator
 import os
 import queue
 import socket
@@ -88,19 +90,29 @@ class _Job:
         self.abandoned = False  # the waiting thread gave up on it (the disk stopped answering)
 
 
-_COLLECTOR: int | None = None  # the thread running a garbage collection now, if any
+# Which thread is collecting garbage now. The gc callbacks are C calls (``setattr`` on a
+# thread-local, ``dict.__setitem__``, ``OrderedDict.move_to_end``) and not a Python function on
+# purpose: entering Python code is where the main thread takes its pending signals, and a
+# KeyboardInterrupt raised inside a gc callback is reported as unraisable and lost: Ctrl-C would
+# be ignored whenever it landed in a collection.
+_GC_THREAD = threading.local()  # each thread's own: "start" -> the info of its last collection's start
+_GC_LAST: dict[str, dict] = {}  # "start" -> the info of the last collection's start, on any thread
+_GC_PHASE = collections.OrderedDict(start=None, stop=None)  # the last phase seen is the last key
+gc.callbacks.extend([functools.partial(setattr, _GC_THREAD), functools.partial(operator.setitem, _GC_LAST),
+                     _GC_PHASE.move_to_end])  # type: ignore[list-item]  # (phase, info): info is last=True
 
 
-def _note_collector(phase: str, info: dict) -> None:
-    global _COLLECTOR
-    _COLLECTOR = threading.get_ident() if phase == "start" else None
+def _collecting(thread_gc: dict) -> bool:
+    """Whether the thread whose ``_GC_THREAD`` dict is ``thread_gc`` is inside a garbage collection
+    (collections do not nest, and one runs at a time); a wrong answer is rare and safe (see ``_serve``)."""
+    start = thread_gc.get("start")
+    return start is not None and start is _GC_LAST.get("start") and next(reversed(_GC_PHASE)) == "start"
 
 
-gc.callbacks.append(_note_collector)
 _POLL_S = 0.05  # how often the waiting thread looks whether the helper thread is collecting
 
 
-def _serve(jobs: queue.SimpleQueue) -> None:
+def _serve(jobs: queue.SimpleQueue, published: list) -> None:
     """The helper thread's loop. Why it is so bare: a garbage collection runs on whichever thread
     allocates when one is due (or, on Python 3.12, on any thread at its next check), and an h5py
     object collected takes h5py's global lock, which the waiting writer thread holds: a collection
@@ -115,6 +127,7 @@ def _serve(jobs: queue.SimpleQueue) -> None:
     already made, which for these calls (a read, a write or a truncation at the same place, a
     sync) changes nothing."""
     get = jobs.get
+    published.append(_GC_THREAD.__dict__)  # (before the loop: no call is waited for yet)
     while True:
         job = get()
         if job is None:
@@ -151,6 +164,7 @@ class GuardedDisk(journal.Disk):
         self._use = threading.Lock()  # one call at a time (the writer thread, or the caller before it)
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._helper_gc: list[dict] = []  # the helper thread's ``_GC_THREAD`` dict, once it runs
         self._stuck: StuckCall | None = None
         self._deadline: float | None = None  # of the call in flight on the helper thread
         self._closed = False
@@ -202,9 +216,11 @@ class GuardedDisk(journal.Disk):
         writer opening a file) then deadlocks all three."""
         with self._use:
             if self._thread is None and not self._closed:
-                self._thread = threading.Thread(target=_serve, args=(self._jobs,),
+                self._thread = threading.Thread(target=_serve, args=(self._jobs, self._helper_gc),
                                                 name=f"jaxlog-io:{Path(self.path).name}", daemon=True)
                 self._thread.start()
+                while not self._helper_gc:  # its first act; the first call may come right after
+                    time.sleep(0.0001)
 
     def close(self) -> None:
         """No more calls: the helper thread ends (unless it is stuck in one: it is left there)."""
@@ -220,15 +236,14 @@ class GuardedDisk(journal.Disk):
             stuck = self._stuck
             if stuck is not None:
                 raise DiskStalled(f"{stuck.describe()}; the disk stopped answering, so nothing more is written to it")
-            thread = self._thread
-            if self._closed or thread is None or threading.get_ident() == self._owner:
+            if self._closed or self._thread is None or threading.get_ident() == self._owner:
                 return fn(*args)  # see the class's docstring; not started: never from here (``start``)
             job = _Job(fn, args)
             since = time.monotonic()
             self._deadline = deadline = since + self.stall_s
             self._jobs.put(job)
             while not job.done.acquire(timeout=max(0.0, min(_POLL_S, deadline - time.monotonic()))):
-                if _COLLECTOR == thread.ident:  # it may wait for h5py's lock, held here: see ``_serve``
+                if _collecting(self._helper_gc[0]):  # it may wait for h5py's lock, held here: see ``_serve``
                     job.withdrawn = True
                     self._deadline = None
                     return fn(*args)

@@ -28,7 +28,7 @@ from ...errors import JaxlogError, WriterError
 from ...record.frames import Frames, Schema
 from ...record.values import is_integer
 from ..dtypes import check_frames, check_leaf_dtype, to_host
-from ..handover import Item, Stalled
+from ..handover import Item, Stalled, WorkerThread
 from ..protocol import STATUSES, Sink, copied_views, holds_device_views
 from .guards import PathLock, default_stall_s, stuck_note
 from .journal import CommittedFile, opened, recover
@@ -159,7 +159,7 @@ class HDF5Writer(Sink):
         self._disk = self._link.disk
         self._lock = self._link.lock
         self._worker = WriterThread(self.path, self.settings, self._link)  # the file's side
-        self._thread: threading.Thread | None = None
+        self._thread: WorkerThread | None = None
         self._error_raised = False
         self._state = "new"  # new -> open -> closing -> closed
         self._stalled = False
@@ -227,7 +227,7 @@ class HDF5Writer(Sink):
             self._disk.start()  # before any HDF5 call: never from inside one (store.hdf5.guards)
             self._worker.create(schema, meta)
             self._state = "open"  # the file is in place
-            self._thread = threading.Thread(target=self._run, name=f"jaxlog-hdf5:{self.path.name}", daemon=True)
+            self._thread = WorkerThread(self._run, f"jaxlog-hdf5:{self.path.name}")
             _LIVE.add(self)
             self._thread.start()
         except BaseException as exc:
@@ -340,8 +340,8 @@ class HDF5Writer(Sink):
                 steps_done = max(self._max_step, 0)
             self._closing = Closing(status, int(steps_done), violation, summary)
             thread = self._thread
-            if thread is not None and thread.is_alive():
-                self._queue.put(Item("close", self._closing, 0), thread.is_alive, force=True)
+            if thread is not None and thread.alive():
+                self._queue.put(Item("close", self._closing, 0), thread.alive, force=True)
         # "closing": a close interrupted (Ctrl-C) or stalled before; wait again
         if not self._stalled:
             self._wait(lambda: self._finalized, "closing")
@@ -374,7 +374,7 @@ class HDF5Writer(Sink):
             raise err
 
     def _alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._thread is not None and self._thread.alive()
 
     def _check_alive(self) -> None:
         if not self._alive():
@@ -531,7 +531,7 @@ def _exit_past_stuck_writers() -> None:
     here, status 1, after flushing the standard streams and logging (exit handlers registered
     before this module's import and the interpreter's own teardown are skipped). A stalled thread
     stuck outside h5py leaves the lock free: the process then exits as it would."""
-    stuck = [w for w in _STUCK if w._thread is not None and w._thread.is_alive()]
+    stuck = [w for w in _STUCK if w._thread is not None and w._thread.alive()]
     if not stuck or _h5py_lock_free():
         return
     import logging
