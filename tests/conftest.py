@@ -6,6 +6,10 @@ would change. The examples (``examples/``) run on whatever backend JAX picks."""
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The suite starts hundreds of Python processes (xdist's workers, pytest sessions in subprocesses,
+# children it kills, launched ranks). Where PYTHONDONTWRITEBYTECODE is set, each compiled the
+# package from source and pytest rewrote its asserts again; they share Python's bytecode cache.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 def _import_the_package() -> None:
