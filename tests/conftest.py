@@ -4,12 +4,53 @@ behaviour on purpose (fault injection, memory limits, subprocess timings), which
 would change. The examples (``examples/``) run on whatever backend JAX picks."""
 
 import os
+import subprocess
+import sys
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# The suite starts hundreds of Python processes (xdist's workers, pytest sessions in subprocesses,
-# children it kills, launched ranks). Where PYTHONDONTWRITEBYTECODE is set, each compiled the
-# package from source and pytest rewrote its asserts again; they share Python's bytecode cache.
-os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
+_WRITE_THE_PACKAGES_BYTECODE = """
+import importlib, pkgutil, sys
+import pytest
+
+class ImportEveryModule:
+    def pytest_sessionstart(self, session):
+        import pytest_jaxlog
+        for info in pkgutil.walk_packages(pytest_jaxlog.__path__, "pytest_jaxlog."):
+            try:
+                importlib.import_module(info.name)
+            except ImportError:
+                pass
+
+sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "--collect-only", sys.argv[1]],
+                     plugins=[ImportEveryModule()]))
+"""
+
+
+def _bytecode_for_the_package_only() -> None:
+    """The suite starts hundreds of Python processes (xdist's workers, pytest sessions in
+    subprocesses, children it kills, launched ranks). Each would compile the package and rewrite its
+    asserts from source, so one child writes that bytecode first. Nothing else writes any: the tests
+    rewrite their own test files within a second, often to the same size, and Python's and pytest's
+    caches, keyed on whole-second mtimes and sizes, then ran the file's previous version (a golden
+    that should fail passed)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        with tempfile.TemporaryDirectory(prefix="jaxlog-bytecode-") as empty:
+            subprocess.run(
+                [sys.executable, "-c", _WRITE_THE_PACKAGES_BYTECODE, empty],
+                env=env,
+                cwd=empty,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                check=False,
+            )
+    os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
+    sys.dont_write_bytecode = True
+
+
+_bytecode_for_the_package_only()
 
 
 def _import_the_package() -> None:

@@ -110,6 +110,7 @@ def _collecting(thread_gc: dict) -> bool:
 
 
 _POLL_S = 0.05  # how often the waiting thread looks whether the helper thread is collecting
+_JOIN_S = 1.0  # the most close() waits for the idle helper thread to end (a collection there may run finalizers)
 
 
 def _serve(jobs: queue.SimpleQueue, published: list) -> None:
@@ -223,13 +224,18 @@ class GuardedDisk(journal.Disk):
                     time.sleep(0.0001)
 
     def close(self) -> None:
-        """No more calls: the helper thread ends (unless it is stuck in one: it is left there)."""
+        """No more calls: the helper thread ends (unless it is stuck in one: it is left there).
+        Waited for: it is idle, so it ends at once, and a closed writer leaves no thread behind
+        (a test counting threads after a run, or a process forking, sees none)."""
         with self._use:
             if self._closed:
                 return
             self._closed = True
-            if self._thread is not None and self._stuck is None:
+            thread = self._thread if self._stuck is None else None
+            if thread is not None:
                 self._jobs.put(None)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(_JOIN_S)
 
     def _call(self, what: Callable[[], str], fn: Callable[..., Any], args: tuple) -> Any:
         with self._use:
