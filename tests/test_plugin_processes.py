@@ -163,6 +163,41 @@ def test_two_and_four_processes_write_one_trajectory_equal_to_one_process(pytest
     assert spans[0][1] <= spans[1][0], spans  # one group of processes at a time, on two workers
 
 
+def test_a_failing_process_exits_only_once_the_parent_releases_it(pytester):
+    """Its exit closes its connections, and a process still in a collective with it would fail on
+    that before the parent stopped it, reporting the first one's failure as its own ("Connection
+    closed by peer"): the failing child waits for the parent's release, made once the others are
+    stopped. A child process of a group of one, spoken to as the parent speaks to it."""
+    import subprocess
+    import sys
+    import time
+
+    from pytest_jaxlog.harness.devices import child_env
+    from pytest_jaxlog.harness.processes import free_port
+
+    pytester.makepyfile(test_f="import pytest\n\n@pytest.mark.jaxlog(processes=1)\ndef test_f(jaxlog):\n"
+                                "    assert 1 + 1 == 3\n")
+    report, release = pytester.path / "reports.p0.json", pytester.path / "release.p0"
+    spec = {"nodeid": "test_f.py::test_f", "devices": 1, "report": str(report),
+            "jaxlog_dir": str(pytester.path / ".jaxlog"), "workerid": "process 0 of 1",
+            "processes": {"count": 1, "index": 0, "coordinator": f"127.0.0.1:{free_port()}"},
+            "release": str(release)}
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "test_f.py::test_f", "-p", "no:cacheprovider", "-q"],
+                            cwd=pytester.path, env=child_env(1, spec), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    try:
+        while not (report.exists() and '"teardown"' in report.read_text()) and proc.poll() is None:
+            time.sleep(0.05)
+        time.sleep(1.0)  # past its session: it ran on to its exit at once before
+        assert proc.poll() is None, proc.communicate()[0].decode()
+        release.touch()
+        out = proc.communicate(timeout=60)[0].decode()
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, out
+    assert "assert (1 + 1) == 3" in out
+
+
 def test_a_failing_process_fails_the_test_and_stops_the_others_and_a_hung_one_times_out(pytester):
     pytester.makepyfile(test_fates=FATES)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")

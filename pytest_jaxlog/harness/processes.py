@@ -8,6 +8,11 @@ manifest entry made) for at most ``GRACE_S``, then stops the others: SIGTERM fir
 pytest turns it into an interrupt: its runs stop with their files ``stopped``), SIGKILL after
 ``GRACE_S`` for one blocked in a collective, where no Python signal handler runs. A group that
 runs past its timeout is stopped the same way.
+
+A failing process waits for the parent's word (its ``release`` file) before it exits: its exit
+closes its connections, and a process still in a collective with it would fail on that ("Connection
+closed by peer") before the parent's SIGTERM reached it, reporting an error of its own that is only
+the first one's echo.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ class Member:
     proc: subprocess.Popen
     report: Path
     output: Path
+    release: Path | None = None  # made by the parent: the process may exit (see the module's docstring)
     reports: list[dict] = field(default_factory=list)  # serialised TestReports, as the child wrote them
     stopped: str | None = None  # SIGTERM or SIGKILL when the parent ended it
 
@@ -97,7 +103,8 @@ def watch(members: list[Member], timeout_s: float) -> Ending:
             break
         if first is not None and (members[first].finished() or time.monotonic() > grace_until):
             stop([m for m in alive if m.index != first])
-            _let_finish(members[first], grace_until + GRACE_S)
+            _release(members)
+            _let_finish(members[first], max(grace_until, time.monotonic()) + GRACE_S)
             break
         if time.monotonic() > deadline:
             stop(alive)
@@ -108,6 +115,16 @@ def watch(members: list[Member], timeout_s: float) -> Ending:
     for m in members:
         m.read()
     return Ending(first, False)
+
+
+def _release(members: list[Member]) -> None:
+    """Tell the processes still running that they may exit (the others are stopped)."""
+    for m in members:
+        if m.release is not None:
+            try:
+                m.release.touch()
+            except OSError:  # its directory gone: the process gives up waiting on its own
+                pass
 
 
 def _let_finish(m: Member, until: float) -> None:
@@ -407,7 +424,8 @@ class ProcessesPlugin:
                coordinator: str) -> Member:
         spec = {"nodeid": nodeid, "devices": devices, "report": str(work / f"reports.p{i}.json"),
                 "jaxlog_dir": str(self.session.base), "workerid": f"process {i} of {n}",
-                "processes": {"count": n, "index": i, "coordinator": coordinator}}
+                "processes": {"count": n, "index": i, "coordinator": coordinator},
+                "release": str(work / f"release.p{i}")}
         env = child_env(devices, spec)
         forward_options(item.config, env)
         cmd = child_command(item, nodeid, work / f"tmp.p{i}") + ["--capture=tee-sys", "--no-summary"]
@@ -415,7 +433,7 @@ class ProcessesPlugin:
         with open(output, "w") as out:
             proc = subprocess.Popen(cmd, cwd=str(item.config.rootpath), env=env, stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=os.name == "posix")
-        return Member(i, proc, Path(str(spec["report"])), output)
+        return Member(i, proc, Path(str(spec["report"])), output, release=Path(str(spec["release"])))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -558,9 +576,10 @@ class DistributedChild:
     terminal summary, the manifest) an exception would be raised inside pytest's hooks, an
     ``INTERNALERROR`` or a hook traceback in the process's output, so it is only noted there
     (``drive.host.signals``: the session counts as recording) and acted on at the next phase, or by
-    the exit. A process that failed or was stopped exits at once after its session (its reports
-    and manifest written): the others are not at the shutdown barrier, and JAX's distributed
-    client would wait for them there at interpreter exit until its shutdown timeout."""
+    the exit. A process that failed or was stopped exits after its session (its reports and
+    manifest written) without JAX's shutdown: the others are not at the shutdown barrier, and
+    JAX's distributed client would wait for them there at interpreter exit until its shutdown
+    timeout. One that failed first waits for the parent's release (see the module's docstring)."""
 
     def __init__(self, session: Any, spec: dict):
         from ..drive.host.signals import NOTED
@@ -621,4 +640,20 @@ class DistributedChild:
                     stream.flush()
             except (OSError, ValueError):
                 pass
+        if not signalled and self.spec.get("release"):
+            try:
+                _await_release(Path(self.spec["release"]), self.noted)
+            except BaseException:  # noqa: BLE001  (stopped while it waits: it exits all the same)
+                pass
         os._exit(self.exitstatus or 1)
+
+
+RELEASE_WAIT_S = 4 * GRACE_S  # the parent stops the others within 2 * GRACE_S; past this it is gone
+
+
+def _await_release(path: Path, noted: Any) -> None:
+    """Until the parent made ``path`` (the others are stopped), this process is stopped itself
+    (a SIGTERM, noted), or ``RELEASE_WAIT_S`` passed."""
+    until = time.monotonic() + RELEASE_WAIT_S
+    while not path.exists() and not noted.signum and time.monotonic() < until:
+        time.sleep(POLL_S / 4)
