@@ -31,11 +31,12 @@ sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "--collect-only", sys.argv
 def _bytecode_for_the_package_only() -> None:
     """The suite starts hundreds of Python processes (xdist's workers, pytest sessions in
     subprocesses, children it kills, launched ranks). Each would compile the package and rewrite its
-    asserts from source, so one child writes that bytecode first. Nothing else writes any: the tests
+    asserts from source, so one child writes that bytecode first (where a module's is missing or
+    older than its source). Nothing else writes any: the tests
     rewrite their own test files within a second, often to the same size, and Python's and pytest's
     caches, keyed on whole-second mtimes and sizes, then ran the file's previous version (a golden
     that should fail passed)."""
-    if "PYTEST_XDIST_WORKER" not in os.environ:
+    if "PYTEST_XDIST_WORKER" not in os.environ and not _package_bytecode_current():
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         with tempfile.TemporaryDirectory(prefix="jaxlog-bytecode-") as empty:
             subprocess.run(
@@ -48,6 +49,26 @@ def _bytecode_for_the_package_only() -> None:
             )
     os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
     sys.dont_write_bytecode = True
+
+
+def _package_bytecode_current() -> bool:
+    """Every module of the package has bytecode (Python's, or pytest's with its asserts rewritten)
+    no older than its source: a session of a few tests then starts no child."""
+    import importlib.util
+    from pathlib import Path
+
+    import pytest
+
+    spec = importlib.util.find_spec("pytest_jaxlog")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    tags = (f".{sys.implementation.cache_tag}-pytest-{pytest.__version__}.pyc", f".{sys.implementation.cache_tag}.pyc")
+    for source in Path(next(iter(spec.submodule_search_locations))).rglob("*.py"):
+        mtime = source.stat().st_mtime
+        cached = (source.parent / "__pycache__" / (source.stem + tag) for tag in tags)
+        if not any(c.exists() and c.stat().st_mtime >= mtime for c in cached):
+            return False
+    return True
 
 
 _bytecode_for_the_package_only()

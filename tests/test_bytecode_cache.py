@@ -5,6 +5,9 @@ a cached copy would run the previous version: a test that should fail passed (se
 
 import os
 
+pytest_plugins = ["pytester"]
+
+
 def _rewritten_alike(pytester, run) -> None:
     """The test file (pytest's cache of rewritten asserts) and a module it imports (Python's own),
     each changed by one digit with its mtime kept."""
