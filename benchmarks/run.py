@@ -21,9 +21,10 @@ Workloads ("standard": total and kinetic energy every step, positions every 10 s
   and a 10,000-step run against its nested scan;
 - ``fixed``: fixed costs. A ``chunk=1`` run (the energies in memory) against a Python loop of the
   jitted step (target <= 2x), and against a loop of a jitted step that also returns the energies
-  (what the records cost by hand: their own computation is in both). Host work per chunk: ``jl.run(chunk=1)`` (standard workload) against a
-  loop that only dispatches the same compiled chunk program, per step (target <= 100 us beyond
-  it; a loop of the bare jitted step is shown too). A 1,000-step and a 10,000-step oscillator run
+  (what the records cost by hand: their own computation is in both). Host work per chunk:
+  ``jl.run(chunk=1)`` (standard workload) against a loop that only dispatches the same compiled
+  chunk program, per step (target <= 100 us beyond it; a loop of the bare jitted step is shown
+  too). A 1,000-step and a 10,000-step oscillator run
   (standard workload) against the scan computing the same records (target <= 1.5x at 1,000).
   ``jl.Recorder`` in a hand-written loop (standard workload) against the same loop keeping the
   same records with jitted views (target <= 1.5x);

@@ -3,6 +3,7 @@ with references computed in numpy and across chunk sizes bit for bit, and drive 
 behaviour on purpose (fault injection, memory limits, subprocess timings), which another backend
 would change. The examples (``examples/``) run on whatever backend JAX picks."""
 
+import inspect
 import os
 import subprocess
 import sys
@@ -10,18 +11,33 @@ import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-_WRITE_THE_PACKAGES_BYTECODE = """
-import importlib, pkgutil, sys
+
+def _import_the_package() -> None:
+    """Every module of the package, imported once before any test. pytester's in-process runs drop
+    the modules first imported during the run; a module imported again later is a second copy whose
+    classes are not the first's (``isinstance(jl.Record(...), Record)`` false), so a test after one
+    that happened to import a module first failed depending on the order tests ran in."""
+    import importlib
+    import pkgutil
+
+    import pytest_jaxlog
+
+    for info in pkgutil.walk_packages(pytest_jaxlog.__path__, "pytest_jaxlog."):
+        try:
+            importlib.import_module(info.name)
+        except ImportError:  # an optional extra not installed (matplotlib, tensorboard, pytest-html)
+            pass
+
+
+# a pytest session that collects nothing and imports the package as above, with pytest's hook
+# rewriting the asserts of the modules it rewrites (the plugin's)
+_WRITE_THE_PACKAGES_BYTECODE = inspect.getsource(_import_the_package) + """
+import sys
 import pytest
 
 class ImportEveryModule:
     def pytest_sessionstart(self, session):
-        import pytest_jaxlog
-        for info in pkgutil.walk_packages(pytest_jaxlog.__path__, "pytest_jaxlog."):
-            try:
-                importlib.import_module(info.name)
-            except ImportError:
-                pass
+        _import_the_package()
 
 sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "--collect-only", sys.argv[1]],
                      plugins=[ImportEveryModule()]))
@@ -30,12 +46,12 @@ sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "--collect-only", sys.argv
 
 def _bytecode_for_the_package_only() -> None:
     """The suite starts hundreds of Python processes (xdist's workers, pytest sessions in
-    subprocesses, children it kills, launched ranks). Each would compile the package and rewrite its
-    asserts from source, so one child writes that bytecode first (where a module's is missing or
-    older than its source). Nothing else writes any: the tests
-    rewrite their own test files within a second, often to the same size, and Python's and pytest's
-    caches, keyed on whole-second mtimes and sizes, then ran the file's previous version (a golden
-    that should fail passed)."""
+    subprocesses, children it kills, launched ranks). Each would compile the package and rewrite
+    its asserts from source, so one child writes that bytecode first (where a module's is missing
+    or older than its source). Nothing else writes any: the tests rewrite their own test files
+    within a second, often to the same size, and Python's and pytest's caches, keyed on
+    whole-second mtimes and sizes, then ran the file's previous version (a golden that should
+    fail passed)."""
     if "PYTEST_XDIST_WORKER" not in os.environ and not _package_bytecode_current():
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         with tempfile.TemporaryDirectory(prefix="jaxlog-bytecode-") as empty:
@@ -72,23 +88,4 @@ def _package_bytecode_current() -> bool:
 
 
 _bytecode_for_the_package_only()
-
-
-def _import_the_package() -> None:
-    """Every module of the package, imported once before any test. pytester's in-process runs drop
-    the modules first imported during the run; a module imported again later is a second copy whose
-    classes are not the first's (``isinstance(jl.Record(...), Record)`` false), so a test after one
-    that happened to import a module first failed depending on the order tests ran in."""
-    import importlib
-    import pkgutil
-
-    import pytest_jaxlog
-
-    for info in pkgutil.walk_packages(pytest_jaxlog.__path__, "pytest_jaxlog."):
-        try:
-            importlib.import_module(info.name)
-        except ImportError:  # an optional extra not installed (matplotlib, tensorboard, pytest-html)
-            pass
-
-
 _import_the_package()

@@ -51,7 +51,7 @@ class Member:
     proc: subprocess.Popen
     report: Path
     output: Path
-    release: Path | None = None  # made by the parent: the process may exit (see the module's docstring)
+    release: Path  # made by the parent: the process may exit (see the module's docstring)
     reports: list[dict] = field(default_factory=list)  # serialised TestReports, as the child wrote them
     stopped: str | None = None  # SIGTERM or SIGKILL when the parent ended it
 
@@ -120,11 +120,10 @@ def watch(members: list[Member], timeout_s: float) -> Ending:
 def _release(members: list[Member]) -> None:
     """Tell the processes still running that they may exit (the others are stopped)."""
     for m in members:
-        if m.release is not None:
-            try:
-                m.release.touch()
-            except OSError:  # its directory gone: the process gives up waiting on its own
-                pass
+        try:
+            m.release.touch()
+        except OSError:  # its directory gone: the process gives up waiting on its own
+            pass
 
 
 def _let_finish(m: Member, until: float) -> None:
@@ -433,7 +432,7 @@ class ProcessesPlugin:
         with open(output, "w") as out:
             proc = subprocess.Popen(cmd, cwd=str(item.config.rootpath), env=env, stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=os.name == "posix")
-        return Member(i, proc, Path(str(spec["report"])), output, release=Path(str(spec["release"])))
+        return Member(i, proc, Path(str(spec["report"])), output, Path(str(spec["release"])))
 
 
 # ---------------------------------------------------------------------------------------------
