@@ -147,8 +147,9 @@ def trim(fd: int) -> None:
 # groups) and needs its own readers after a crash. So the writer hands HDF5 a file object (h5py's
 # ``fileobj`` driver), ``CommittedFile``, which:
 #
-# - writes bytes past the committed end (new chunks, new metadata blocks) straight to the file:
-#   the committed state references none of them;
+# - writes bytes past the committed end (new chunks, new metadata blocks) to the file, the
+#   committed state references none of them: held while they follow each other (HDF5 writes them
+#   in order, a few hundred bytes at a time) and written in one call, at the commit at the latest;
 # - keeps writes inside the committed end (metadata rewritten in place, a partly filled chunk
 #   rewritten) in memory, in pages, served back to HDF5's reads;
 # - commits when HDF5 flushes (the driver's ``flush`` is the last call of ``H5Fflush`` and of a
@@ -184,6 +185,12 @@ except ImportError:  # Windows: no flock; readers then rely on the generation ch
     fcntl = None  # type: ignore[assignment]
 
 PAGE = 4096  # bytes per page kept in memory for a write inside the committed end
+# Why the writer batches its system calls: on the writer thread each one is handed to the disk's
+# helper thread and waited for (``store.hdf5.guards``), some 60 us on a 2-core machine where the
+# call itself takes 2; a short run's close made some 35 of them, most of its time.
+HOLD_BELOW = 1 << 16  # new bytes in writes smaller than this are held, to be written together
+HOLD_MAX = 1 << 20  # bytes held at most (then written)
+WINDOW = 1 << 16  # committed bytes read in one call, kept until the commit changes them
 JOURNAL_SUFFIX = ".jaxlog-journal"
 # The rollback journal in the file's tail: entries (offset, length, then the committed bytes),
 # then the trailer, whose last byte is the file's last byte.
@@ -306,7 +313,7 @@ def durable_replace(src: Path, dst: Path, *, durable: bool = True, disk: Disk | 
 
 class Entry(NamedTuple):
     offset: int
-    data: bytes  # the committed bytes at ``offset``
+    data: bytes  # the bytes at ``offset`` (a journal's: the committed ones)
 
 
 class Tail(NamedTuple):
@@ -724,8 +731,10 @@ class CommittedFile(_FileObject):
         self.journal = Journal(target, fd, durable=durable, disk=disk)
         self.discarding = False
         self.changed = False  # written or truncated since the last commit (else a commit has nothing to do)
-        self.directory_unsynced = False  # renamed to its path, the directory not synced since
         self.error: BaseException | None = None  # what a commit raised (HDF5 reports only that it failed)
+        self.held = bytearray()  # new bytes past the committed end, held to be written together
+        self.held_at = 0  # where they start
+        self.window: tuple[int, bytes] | None = None  # (start, the committed bytes there), as on the disk
 
     # -- the rest of the file protocol h5py's fileobj driver calls -----------------------------
     def writable(self) -> bool:
@@ -774,15 +783,15 @@ class CommittedFile(_FileObject):
         if self.discarding:
             return
         end = offset + len(data)
-        if end > self.committed:  # new bytes: straight to the file
+        if end > self.committed:  # new bytes: to the file (held while they follow each other)
             at = max(offset, self.committed)
-            self.disk.pwrite(self.fd, data[at - offset:], at)
+            self._new_bytes(at, data[at - offset:])
             self.dirty_to = max(self.dirty_to, end)
         stop = min(end, self.committed)
         if offset < stop:  # committed bytes: into pages until the commit
             lo = offset // PAGE * PAGE
             hi = min(((stop - 1) // PAGE + 1) * PAGE, self.committed)
-            have = self.disk.pread(self.fd, hi - lo, lo)  # one call for the whole span
+            have = self._on_disk(lo, hi - lo)  # one call for the whole span, or none
             for p in range(lo // PAGE, (hi - 1) // PAGE + 1):
                 start = p * PAGE
                 a, b = max(offset, start), min(stop, start + PAGE)
@@ -802,9 +811,50 @@ class CommittedFile(_FileObject):
         self.size = max(self.size, end)
         self.changed = True
 
+    def _new_bytes(self, at: int, data: memoryview) -> None:
+        """New bytes at ``at``: a small write is added to those held when it continues or
+        overwrites them, else those are written and it is held; a large one (a chunk of data) is
+        written at once, never copied (those held first, where it overlaps them)."""
+        held = self.held
+        if len(data) >= HOLD_BELOW:
+            if held and at < self.held_at + len(held) and self.held_at < at + len(data):
+                self.write_held()
+            self.disk.pwrite(self.fd, data, at)
+            return
+        k = at - self.held_at
+        if held and 0 <= k <= len(held) and k + len(data) <= HOLD_MAX:
+            if k + len(data) <= len(held):
+                held[k:k + len(data)] = data
+            else:
+                held[k:] = data
+            return
+        self.write_held()
+        self.held, self.held_at = bytearray(data), at
+
+    def write_held(self) -> None:
+        """The new bytes held, to the file (before a commit, a read of them, a sync)."""
+        if self.held:
+            self.disk.pwrite(self.fd, self.held, self.held_at)
+            self.held = bytearray()  # a new one: a call given up on (a hung disk) may still hold the old
+
+    def _on_disk(self, offset: int, n: int) -> bytes:
+        """The file's bytes ``[offset, offset + n)`` as on the disk (the new bytes held written
+        first); committed ones from the window read before where it has them."""
+        end = offset + n
+        if end <= self.committed and n <= WINDOW:
+            w = self.window
+            if w is None or not (w[0] <= offset and end <= w[0] + len(w[1])):
+                lo = offset // WINDOW * WINDOW
+                hi = min(max(end, lo + WINDOW), self.committed)
+                w = self.window = (lo, self.disk.pread(self.fd, hi - lo, lo))
+            return w[1][offset - w[0]:end - w[0]]
+        if self.held and offset < self.held_at + len(self.held) and self.held_at < end:
+            self.write_held()
+        return self.disk.pread(self.fd, n, offset) if n else b""
+
     def _read(self, offset: int, n: int) -> bytes:
         out = bytearray(n)
-        have = self.disk.pread(self.fd, n, offset) if n else b""
+        have = self._on_disk(offset, n)
         out[:len(have)] = have
         end = offset + n
         lo, hi = max(offset, self.cut), min(end, self.committed)
@@ -834,6 +884,8 @@ class CommittedFile(_FileObject):
         file not in place yet is only synced before it takes its path (``sync``)."""
         if self.discarding or not self.changed:
             return
+        self.write_held()
+        self.window = None  # the pages below change the committed bytes
         # committed bytes past HDF5's end of file now (it cut the file) are never written by the
         # commit: the journal needs none of them, and they are zeroed once it is done (``clean``)
         cut = min(self.size, self.committed)
@@ -855,15 +907,10 @@ class CommittedFile(_FileObject):
             elif self.dirty_to > max(self.size, self.committed):  # written past the end, then cut: zeros again
                 lo = max(self.size, self.committed)
                 self.disk.pwrite(self.fd, bytes(self.dirty_to - lo), lo)
-            for p in sorted(self.pages):
-                start = p * PAGE
-                if start < cut:
-                    self.disk.pwrite(self.fd, memoryview(self.pages[p])[:min(PAGE, cut - start)], start)
+            for run in _runs(self.pages, cut):
+                self.disk.pwrite(self.fd, run.data, run.offset)
             if self.durable and self.in_place:
                 self.disk.fsync(self.fd)
-                if self.directory_unsynced:
-                    sync_directory(self.target, self.disk)
-                    self.directory_unsynced = False
             if entries:
                 self.journal.clean()
         except BaseException:
@@ -898,16 +945,16 @@ class CommittedFile(_FileObject):
     def sync(self) -> None:
         """The bytes written so far on the disk (before the file takes its path: a power loss
         after the rename then finds it whole)."""
+        self.write_held()
         if self.durable:
             self.disk.fsync(self.fd)
 
-    def now_in_place(self, *, directory_synced: bool) -> None:
-        """The file was just committed and renamed to its path: from now on commits are journaled
-        (and the first syncs the directory, unless the rename did: the rename is then durable
-        before the first frame is acknowledged, for one sync less per file)."""
+    def now_in_place(self) -> None:
+        """The file was just committed, synced and renamed to its path (the directory synced):
+        from now on commits are journaled."""
+        self.write_held()
         self.in_place = True
         self.committed = self.cut = self.size
-        self.directory_unsynced = not directory_synced
 
     def discard(self) -> None:
         """Write nothing more: the file keeps its last commit (a write failed; HDF5 may retry its
@@ -915,6 +962,7 @@ class CommittedFile(_FileObject):
         self.discarding = True
         self.pages.clear()
         self.originals.clear()
+        self.held = bytearray()
 
     def close(self) -> None:
         """After HDF5 closed the file (its last flush committed everything): the tail past its
@@ -923,6 +971,23 @@ class CommittedFile(_FileObject):
         self.journal.remove()
         if not self.hot:
             trim(self.fd)
+
+
+def _runs(pages: dict[int, bytearray], cut: int) -> list[Entry]:
+    """The pages below ``cut`` as runs of neighbours, to write with a call each (HDF5's metadata
+    sits together at the file's start: a commit's pages mostly make one run)."""
+    runs: list[list] = []  # [start, end, views]
+    for p in sorted(pages):
+        start = p * PAGE
+        if start >= cut:
+            break
+        view = memoryview(pages[p])[:min(PAGE, cut - start)]
+        if runs and runs[-1][1] == start:
+            runs[-1][1] += len(view)
+            runs[-1][2].append(view)
+        else:
+            runs.append([start, start + len(view), [view]])
+    return [Entry(start, b"".join(views)) for start, _, views in runs]
 
 
 def roll_back(fd: int, disk: Disk | None = None) -> bool:

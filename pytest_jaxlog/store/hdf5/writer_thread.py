@@ -480,8 +480,10 @@ class WriterThread:
             self._space.forget()
             if self.settings.replace_at_checkpoint is None:
                 self._cf.sync()
-                durable_replace(tmp, self.path, durable=False)  # the directory is synced by the first commit
-                self._cf.now_in_place(directory_synced=False)
+                # the directory synced here, not at the first commit: in the open, which overlaps the
+                # first chunk's work, and not in the close of a short run, which waits for it
+                durable_replace(tmp, self.path, durable=self.settings.durable)
+                self._cf.now_in_place()
             else:
                 self._swap = PendingSwap(tmp, self.path, self.settings.replace_at_checkpoint, durable=self.settings.durable)
             self._file = f
@@ -785,7 +787,7 @@ class WriterThread:
             if self._swap is not None and self._swap.due(step):
                 self._cf.sync()  # its bytes on the disk before it takes the path
                 self._swap.checkpoint_written(step)
-                self._cf.now_in_place(directory_synced=True)
+                self._cf.now_in_place()
 
     def _flush(self) -> None:
         started = time.monotonic()
