@@ -133,19 +133,25 @@ def timed(fn: Callable[[], object]) -> float:
 UNTIMED = 2  # untimed calls of each variant before the timed repeats (see interleaved)
 
 
-def interleaved(variants: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+def interleaved(variants: dict[str, Callable[[], object]], repeats: int,
+                between: Callable[[], object] | None = None) -> dict[str, list[float]]:
     """Seconds per call of each variant, ``repeats`` times, the variants interleaved, after two
     untimed rounds: the first compiles, the second runs each variant once more warm (on a GPU the
     first timed call after the compiles read up to 2.5x slow, with the clocks and caches of a
-    device that sat idle while the host compiled)."""
+    device that sat idle while the host compiled). ``between``: after every call, untimed (files
+    of gigabytes removed: all the calls' would not fit the disk)."""
     for _ in range(UNTIMED):
         for fn in variants.values():
             fn()
+            if between is not None:
+                between()
     times: dict[str, list[float]] = {k: [] for k in variants}
     for r in range(repeats):
         order = list(variants) if r % 2 == 0 else list(reversed(variants))  # no variant always runs first
         for k in order:
             times[k].append(timed(variants[k]))
+            if between is not None:
+                between()
     return times
 
 
@@ -629,9 +635,8 @@ def section_accelerator(args, rows: list[Row], files: Files) -> None:
             "jl.run": lambda: jl.run(step, state, steps, record=record, invariants=invs, sinks=[files.writer()],
                                      progress=False),
             "jl.run + window": profiled,
-        }, args.repeats)
-        del kept  # the osc case's: gigabytes on the device
-        files.clean()
+        }, args.repeats, between=files.clean)  # a file of the osc case: 4 GB
+        del kept  # the osc case's records: 4 GB on the device
         work = f"{label}, {steps:,} steps, standard workload on {jax.devices()[0].device_kind}"
         rows.append(Row("accelerator", f"{name}: jl.run / scan + records", work, ratios(times, "jl.run", "scan + records")))
         rows.append(Row("accelerator", f"{name}: jl.run / bare scan", work, ratios(times, "jl.run", "bare scan")))
