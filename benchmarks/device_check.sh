@@ -59,5 +59,7 @@ if want second; then
     part memory 120 $py benchmarks/memory.py --mb 16,64 --sinks hdf5,drop
 fi
 if want third; then  # whole pytest suites in fresh processes: over 225 s on an H200, a call of its own
-    part suite 560 $py benchmarks/run.py --only suite,accelerator --suite-repeats 3
+    part suite 330 $py benchmarks/run.py --only suite --suite-repeats 3
+    # LJ-4,096 and 10^6 oscillators: 4 GB of records a run, against the same bytes moved and written raw
+    part accelerator 250 $py benchmarks/run.py --only accelerator
 fi
