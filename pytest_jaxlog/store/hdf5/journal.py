@@ -817,8 +817,7 @@ class CommittedFile(_FileObject):
         written at once, never copied (those held first, where it overlaps them)."""
         held = self.held
         if len(data) >= HOLD_BELOW:
-            if held and at < self.held_at + len(held) and self.held_at < at + len(data):
-                self.write_held()
+            self._write_held_within(at, at + len(data))
             self.disk.pwrite(self.fd, data, at)
             return
         k = at - self.held_at
@@ -837,6 +836,11 @@ class CommittedFile(_FileObject):
             self.disk.pwrite(self.fd, self.held, self.held_at)
             self.held = bytearray()  # a new one: a call given up on (a hung disk) may still hold the old
 
+    def _write_held_within(self, lo: int, hi: int) -> None:
+        """The held bytes written if any lies in ``[lo, hi)`` (a read of them, a write over them)."""
+        if self.held and lo < self.held_at + len(self.held) and self.held_at < hi:
+            self.write_held()
+
     def _on_disk(self, offset: int, n: int) -> bytes:
         """The file's bytes ``[offset, offset + n)`` as on the disk (the new bytes held written
         first); committed ones from the window read before where it has them."""
@@ -848,8 +852,7 @@ class CommittedFile(_FileObject):
                 hi = min(max(end, lo + WINDOW), self.committed)
                 w = self.window = (lo, self.disk.pread(self.fd, hi - lo, lo))
             return w[1][offset - w[0]:end - w[0]]
-        if self.held and offset < self.held_at + len(self.held) and self.held_at < end:
-            self.write_held()
+        self._write_held_within(offset, end)
         return self.disk.pread(self.fd, n, offset) if n else b""
 
     def _read(self, offset: int, n: int) -> bytes:
