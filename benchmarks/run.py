@@ -272,14 +272,14 @@ def _chunk_program_loop(step, state, record, steps: int, per_dispatch: int = 1, 
     time, chaining its buffers as the driver does, and does nothing else: with one step, the
     dispatch that a ``chunk=1`` run cannot avoid; with the whole run, the device program alone.
     ``initial``: the first dispatch records the initial state, as a run's first chunk does."""
-    from pytest_jaxlog.drive.device import plan as resolution
-    from pytest_jaxlog.drive.host.config import RunConfig, capacity_of, configure, resolve_run
+    from pytest_jaxlog.drive.device.plan import capacity_of, laid_out, resolve_run
+    from pytest_jaxlog.drive.host.config import RunConfig, configure
     from pytest_jaxlog.drive.device.chunks import scalars_on
 
     cfg = configure(RunConfig(step=step, steps=steps, record=record, chunk=per_dispatch, donate=False), state)
     resolved = resolve_run(cfg, state)
     plan, shapes = resolved.plan, resolved.shapes
-    plan = resolution.laid_out(plan, capacity_of(cfg, resolved.schema), shapes, pack=True,
+    plan = laid_out(plan, capacity_of(cfg, resolved.schema), shapes, pack=True,
                                block=program.block_for(jax.default_backend()))
     per_dispatch = min(per_dispatch, plan.length)
     bufs = [program.buffers(plan, shapes)]

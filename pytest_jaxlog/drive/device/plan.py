@@ -1,10 +1,13 @@
-"""What a run records, as lanes of the chunk program: the views of ``record=``, the aux leaves
-``aux=`` chooses, and (once the step is traced) the values the step logs with ``jl.log``."""
+"""A run planned before any step runs. What enters: the checked options (``drive.host.config``'s
+``RunConfig``, read by name) and the state. What leaves: what the run records as lanes of the
+chunk program (the views of ``record=``, the aux leaves ``aux=`` chooses, the values the step
+logs with ``jl.log``), the plan and schema (:class:`Resolved`), the chunk capacity and the plan
+laid out for it, the state as the program carries it."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -16,16 +19,15 @@ from ...record.records import AUX, LOG, check_name, normalize_records
 from ...record.schedule import Schedule, as_schedule
 from ..prepare import identity
 from ..prepare.identity import Cache
-from ..prepare.schema import (
-    AUX_SCHEDULE,
-    LOG_SCHEDULE,
-    short_error,
-    takes_values,
-)
+from ..prepare.schema import (AUX_SCHEDULE, LOG_SCHEDULE, Segments, ValueSource, Values, n_systems_of, resolve,
+                              short_error, step_values, takes_values)
 from . import program
 from .program import Lane, Plan
 
-__all__ = ['lanes_of', 'log_lanes', 'auto_chunk', 'laid_out', 'signature_of', 'as_arrays', 'Resolved', 'DEFAULT_BUDGET', 'CHUNK_CAP']
+if TYPE_CHECKING:  # read by name only: the options are declared on the host side
+    from ..host.config import RunConfig
+
+__all__ = ['lanes_of', 'log_lanes', 'resolve_run', 'capacity_of', 'auto_chunk', 'laid_out', 'signature_of', 'as_arrays', 'Resolved', 'DEFAULT_BUDGET', 'CHUNK_CAP']
 
 
 _LANES = Cache("lanes")  # (record's items, has_aux, aux) -> lanes: what the last runs asked for
@@ -96,6 +98,8 @@ def log_lanes(lanes: tuple[Lane, ...], logs: tuple[tuple[str, Schedule], ...], l
 DEFAULT_BUDGET = 64 * 2**20
 CHUNK_CAP = 10_000
 
+_RESOLVED = Cache("resolved runs")
+_AUTO = Cache("auto chunk sizes")  # (id(schema), budget) -> (schema, auto_chunk)
 _SIGNATURES = Cache("chunk signatures")  # (program, plan, id(resolved)) -> (resolved, an uncommitted run's Signature)
 _LAID_OUT = Cache("laid-out plans")  # (resolved plan, capacity, its shapes, pack) -> (shapes, the plan laid out, interned)
 
@@ -157,6 +161,118 @@ def check_when_values(plan: Plan, lanes: tuple, state, values: dict) -> None:
         except Exception as e:
             raise JaxlogError(f"record {lane.name!r}: when= failed on the state and the step's values: "
                               f"{short_error(e)}") from None
+
+
+def _aval_key(tree):
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    return treedef, tuple((tuple(x.shape), x.dtype, bool(getattr(x, "weak_type", False))) for x in leaves)
+
+
+def capacity_of(cfg: RunConfig, schema: Schema) -> int:
+    """The program's capacity: :func:`auto_chunk`, whatever ``chunk=`` is (``chunk=`` is the number
+    of steps per dispatch; short chunks fill one set of buffers together, see ``drive.device.chunks``), so
+    runs with any chunk size and length share one executable. A ``chunk=`` beyond it (more steps
+    per dispatch than the memory budget holds) gets a program of its own, of the chunk size or the
+    run length if shorter; at least 2 rows either way (XLA folds a loop over one-row buffers into
+    straight-line code, which changes the last bits of reductions)."""
+    # schemas come from resolve_run's cache: computed once
+    auto = _AUTO.memo((id(schema), cfg.budget), lambda: (schema, auto_chunk(schema, budget_bytes=cfg.budget)))[1]
+    if cfg.chunk is None or cfg.chunk <= auto:
+        return auto
+    return max(2, min(cfg.chunk, cfg.steps))
+
+
+def resolve_run(cfg: RunConfig, state) -> Resolved:
+    """The run's :class:`Resolved`, from the cache when the step, records and state types were
+    seen: ``record=`` and ``aux=`` made lanes (:func:`lanes_of`), the step and views traced once
+    on the state's types, their logs added as lanes, the schema of every recorded leaf."""
+    lanes = lanes_of(cfg.record, cfg.has_aux, cfg.aux)
+    canon = identity.canonical(cfg.step, lanes, cfg.until, state, cfg.key,  # equal where they compute the same
+                               lambda: n_systems_of(state, cfg.batched), cfg.log_capacity,
+                               _value_source(cfg, lanes, state))
+    ck = (canon.step, canon.lanes, _aval_key(state), _aval_key(cfg.key), cfg.has_aux, cfg.batched, canon.until,
+          cfg.dt, cfg.logs, cfg.log_capacity)
+    try:
+        hit = _RESOLVED.get(ck)
+    except TypeError:  # an unhashable view: no cache
+        ck, hit = None, None
+    if hit is not None:
+        return hit if hit.consts is canon.consts else hit._replace(consts=canon.consts)
+    plan = Plan(step=canon.step, lanes=canon.lanes, dense=(), compact=(), initial=(), host_masks=(),
+                has_aux=cfg.has_aux, keyed=cfg.keyed, n_systems=n_systems_of(state, cfg.batched), until=canon.until,
+                length=0, collect=True, log_capacity=cfg.log_capacity, until_values=cfg.until_values,
+                segments=cfg.batched if isinstance(cfg.batched, Segments) else None)
+
+    def traced_step(st):  # through the collector: the step's output and what it logs
+        return program.apply_logged(plan, cfg.key, jnp.int32(0), st)
+
+    try:
+        out_shape = program.logged_shapes(plan, cfg.key, jnp.int32(0), state)
+    except JaxlogError:
+        raise
+    except Exception as e:
+        raise JaxlogError(f"the step function failed on the state: {short_error(e)}{_hint(cfg)}") from None
+    check_carry(state, out_shape[0], cfg)
+    values = step_values(out_shape[1], out_shape[2])
+    if cfg.until is not None:
+        try:
+            jax.eval_shape(lambda st, v: program.until_flags(plan, st, v), state, values)
+        except JaxlogError:
+            raise
+        except Exception as e:
+            raise JaxlogError(f"until= failed on the state: {short_error(e)}") from None
+    check_when_values(plan, canon.lanes, state, values)
+    plan = dataclasses.replace(plan, lanes=log_lanes(canon.lanes, cfg.logs, sorted(out_shape[2])),
+                               collect=bool(out_shape[2]))
+    aux_fn = (lambda st: traced_step(st)[1]) if cfg.has_aux else None
+    found = resolve(plan.lanes, state, aux=aux_fn, logs=lambda st: traced_step(st)[2], batched=cfg.batched,
+                    dt=cfg.dt, log_capacity=cfg.log_capacity,
+                    values=lambda st: Values(step_values(*traced_step(st)[1:])))
+    plan, schema = dataclasses.replace(plan, lanes=found.lanes), found.schema
+    shapes = tuple({leaf.path: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in mine} for mine in found.per_lane)
+    resolved = Resolved(plan, schema, shapes, sum(x.nbytes for x in jax.tree_util.tree_leaves(state)), canon.consts)
+    return resolved if ck is None else _RESOLVED.put(ck, resolved)
+
+
+def _value_source(cfg: RunConfig, lanes: tuple[Lane, ...], state) -> ValueSource | None:
+    """Where the run's predicates that take the step's values find their shapes (None: none
+    takes them, nothing more is traced)."""
+    if not cfg.until_values and not any(ln.when_values for ln in lanes):
+        return None
+
+    def shapes() -> dict | None:
+        plan = Plan(step=cfg.step, lanes=(), dense=(), compact=(), initial=(), host_masks=(), has_aux=cfg.has_aux,
+                    keyed=cfg.keyed, n_systems=n_systems_of(state, cfg.batched), until=None, length=0,
+                    collect=True, log_capacity=cfg.log_capacity)
+        try:
+            _, aux, logs = program.logged_shapes(plan, cfg.key, jnp.int32(0), state)
+        except Exception:  # the step does not trace: resolving the run says why
+            return None
+        return step_values(aux, logs)
+    return ValueSource(shapes=shapes, key=cfg.has_aux, until=cfg.until_values)
+
+
+def _hint(cfg: RunConfig) -> str:
+    """What commonly goes wrong calling the step, said once."""
+    if cfg.keyed:
+        return " (with key=, the step is called as step(key, state))"
+    return ""
+
+
+def check_carry(state, new_shape, cfg: RunConfig) -> None:
+    """The step returns a state of the same structure, shapes and dtypes (the device loop carries it)."""
+    a, ta = jax.tree_util.tree_flatten_with_path(state)
+    if not cfg.has_aux and isinstance(new_shape, tuple) and len(new_shape) == 2:
+        if jax.tree_util.tree_structure(new_shape[0]) == ta:  # type: ignore[operator]  # jaxlib's stub
+            raise JaxlogError("the step function returns a pair (state, something): pass has_aux=True to record "
+                              "the second part as aux, or return only the state")
+    b, tb = jax.tree_util.tree_flatten_with_path(new_shape)
+    if ta != tb:  # type: ignore[operator]  # jaxlib's stub: PyTreeDef compares
+        raise JaxlogError(f"the step function changed the state's structure: {ta} -> {tb}")
+    for (kp, x), (_, y) in zip(a, b):
+        if tuple(x.shape) != tuple(y.shape) or x.dtype != y.dtype:
+            raise JaxlogError(f"the step function changed state leaf {jax.tree_util.keystr(kp)}: "
+                              f"{x.dtype}{list(x.shape)} -> {y.dtype}{list(y.shape)}")
 
 
 def programs_of(resolved: Resolved) -> dict | None:

@@ -15,17 +15,10 @@ import jax.numpy as jnp
 from ...check.invariants import as_list, check_on_violation
 from ...errors import JaxlogError
 from ...record.records import check_meta
-from ...record.frames import Schema
 from ...record.schedule import as_schedule, check_count
 from ..checkpoints.checkpoint import ResumePoint
-from ..device import program
-from ..device.plan import DEFAULT_BUDGET, Resolved, auto_chunk, check_when_values, lanes_of, log_lanes
-from ..device.program import Plan
-from ..prepare import identity
-from ..prepare.identity import Cache
-from ..device.program import Lane
-from ..prepare.schema import (Segments, ValueSource, Values, as_segments, log_schedules, n_systems_of, resolve, short_error,
-                              step_values, takes_values)
+from ..device.plan import DEFAULT_BUDGET
+from ..prepare.schema import Segments, as_segments, log_schedules, takes_values
 
 __all__ = ['RunConfig', 'configure', 'OPTIONS']
 
@@ -39,7 +32,9 @@ class RunConfig:
     caller gave (``drive.run``), then :func:`configure` checks it and returns it normalized, the
     same fields (``batched`` a ragged batch's :class:`Segments` where ``segments=`` is given, ``logs``
     ``(name, schedule)`` pairs, ``checkpoint`` a :class:`Schedule`, ``meta`` a dict) with what the
-    checks derive (``lanes``, ``until_values``): what the rest of the driver reads by name."""
+    checks derive (``until_values``): what the rest of the driver reads by name. What the run
+    records (``record=``, ``aux=``) becomes the program's lanes where the run is planned
+    (``drive.device.plan``)."""
 
     step: Callable
     steps: int
@@ -67,7 +62,6 @@ class RunConfig:
     meta: Any = None  # checked: the run's JSON metadata as a dict (see record.records)
     segments: Any = None
     resume: ResumePoint | None = field(default=None, metadata=_NOT_AN_OPTION)  # set by jl.resume
-    lanes: tuple[Lane, ...] = field(default=(), metadata=_NOT_AN_OPTION)  # from record=, has_aux= and aux=
     # until= takes (state, values): the step's aux and logs (see drive.prepare.schema)
     until_values: bool = field(default=False, metadata=_NOT_AN_OPTION)
 
@@ -109,8 +103,7 @@ def configure(given: RunConfig, state: Any, resume: ResumePoint | None = None) -
     if log_capacity is not None:
         log_capacity = check_count(log_capacity, "log_capacity", minimum=1, none="or None")
     return dataclasses.replace(
-        given, steps=steps, start_step=start_step, lanes=lanes_of(given.record, bool(given.has_aux), given.aux),
-        invariants=as_list(given.invariants), key=None if given.key is None else as_key(given.key, shape),
+        given, steps=steps, start_step=start_step, invariants=as_list(given.invariants), key=None if given.key is None else as_key(given.key, shape),
         chunk=chunk, has_aux=bool(given.has_aux), batched=shape, on_violation=check_on_violation(given.on_violation),
         postmortem=int(given.postmortem), chunk_budget_bytes=int(given.chunk_budget_bytes), donate=bool(given.donate),
         logs=log_schedules(given.logs), log_capacity=log_capacity,
@@ -160,117 +153,3 @@ def as_key(key: Any, batched: bool | int | Segments = False) -> Any:
 @functools.cache
 def _raw_key_width() -> int:
     return int(jax.random.key_data(jax.random.key(0)).shape[-1])
-
-
-# ---------------------------------------------------------------------------------------------
-# What the checked options make of a run before any step runs: the plan and schema, the chunk
-# capacity (``device.plan`` lays the plan out for it).
-
-_RESOLVED = Cache("resolved runs")
-_AUTO = Cache("auto chunk sizes")  # (id(schema), budget) -> (schema, auto_chunk)
-def _aval_key(tree):
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    return treedef, tuple((tuple(x.shape), x.dtype, bool(getattr(x, "weak_type", False))) for x in leaves)
-
-
-def capacity_of(cfg: RunConfig, schema: Schema) -> int:
-    """The program's capacity: :func:`auto_chunk`, whatever ``chunk=`` is (``chunk=`` is the number
-    of steps per dispatch; short chunks fill one set of buffers together, see ``drive.device.chunks``), so
-    runs with any chunk size and length share one executable. A ``chunk=`` beyond it (more steps
-    per dispatch than the memory budget holds) gets a program of its own, of the chunk size or the
-    run length if shorter; at least 2 rows either way (XLA folds a loop over one-row buffers into
-    straight-line code, which changes the last bits of reductions)."""
-    # schemas come from resolve_run's cache: computed once
-    auto = _AUTO.memo((id(schema), cfg.budget), lambda: (schema, auto_chunk(schema, budget_bytes=cfg.budget)))[1]
-    if cfg.chunk is None or cfg.chunk <= auto:
-        return auto
-    return max(2, min(cfg.chunk, cfg.steps))
-
-
-def resolve_run(cfg: RunConfig, state) -> Resolved:
-    """The run's :class:`Resolved`, from the cache when the step, records and state types were seen."""
-    canon = identity.canonical(cfg.step, cfg.lanes, cfg.until, state, cfg.key,  # equal where they compute the same
-                               lambda: n_systems_of(state, cfg.batched), cfg.log_capacity, _value_source(cfg, state))
-    ck = (canon.step, canon.lanes, _aval_key(state), _aval_key(cfg.key), cfg.has_aux, cfg.batched, canon.until,
-          cfg.dt, cfg.logs, cfg.log_capacity)
-    try:
-        hit = _RESOLVED.get(ck)
-    except TypeError:  # an unhashable view: no cache
-        ck, hit = None, None
-    if hit is not None:
-        return hit if hit.consts is canon.consts else hit._replace(consts=canon.consts)
-    plan = Plan(step=canon.step, lanes=canon.lanes, dense=(), compact=(), initial=(), host_masks=(),
-                has_aux=cfg.has_aux, keyed=cfg.keyed, n_systems=n_systems_of(state, cfg.batched), until=canon.until,
-                length=0, collect=True, log_capacity=cfg.log_capacity, until_values=cfg.until_values,
-                segments=cfg.batched if isinstance(cfg.batched, Segments) else None)
-
-    def traced_step(st):  # through the collector: the step's output and what it logs
-        return program.apply_logged(plan, cfg.key, jnp.int32(0), st)
-
-    try:
-        out_shape = program.logged_shapes(plan, cfg.key, jnp.int32(0), state)
-    except JaxlogError:
-        raise
-    except Exception as e:
-        raise JaxlogError(f"the step function failed on the state: {short_error(e)}{_hint(cfg)}") from None
-    check_carry(state, out_shape[0], cfg)
-    values = step_values(out_shape[1], out_shape[2])
-    if cfg.until is not None:
-        try:
-            jax.eval_shape(lambda st, v: program.until_flags(plan, st, v), state, values)
-        except JaxlogError:
-            raise
-        except Exception as e:
-            raise JaxlogError(f"until= failed on the state: {short_error(e)}") from None
-    check_when_values(plan, canon.lanes, state, values)
-    plan = dataclasses.replace(plan, lanes=log_lanes(canon.lanes, cfg.logs, sorted(out_shape[2])),
-                               collect=bool(out_shape[2]))
-    aux_fn = (lambda st: traced_step(st)[1]) if cfg.has_aux else None
-    found = resolve(plan.lanes, state, aux=aux_fn, logs=lambda st: traced_step(st)[2], batched=cfg.batched,
-                    dt=cfg.dt, log_capacity=cfg.log_capacity,
-                    values=lambda st: Values(step_values(*traced_step(st)[1:])))
-    plan, schema = dataclasses.replace(plan, lanes=found.lanes), found.schema
-    shapes = tuple({leaf.path: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in mine} for mine in found.per_lane)
-    resolved = Resolved(plan, schema, shapes, sum(x.nbytes for x in jax.tree_util.tree_leaves(state)), canon.consts)
-    return resolved if ck is None else _RESOLVED.put(ck, resolved)
-
-
-def _value_source(cfg: RunConfig, state) -> ValueSource | None:
-    """Where the run's predicates that take the step's values find their shapes (None: none
-    takes them, nothing more is traced)."""
-    if not cfg.until_values and not any(ln.when_values for ln in cfg.lanes):
-        return None
-
-    def shapes() -> dict | None:
-        plan = Plan(step=cfg.step, lanes=(), dense=(), compact=(), initial=(), host_masks=(), has_aux=cfg.has_aux,
-                    keyed=cfg.keyed, n_systems=n_systems_of(state, cfg.batched), until=None, length=0,
-                    collect=True, log_capacity=cfg.log_capacity)
-        try:
-            _, aux, logs = program.logged_shapes(plan, cfg.key, jnp.int32(0), state)
-        except Exception:  # the step does not trace: resolving the run says why
-            return None
-        return step_values(aux, logs)
-    return ValueSource(shapes=shapes, key=cfg.has_aux, until=cfg.until_values)
-
-
-def _hint(cfg: RunConfig) -> str:
-    """What commonly goes wrong calling the step, said once."""
-    if cfg.keyed:
-        return " (with key=, the step is called as step(key, state))"
-    return ""
-
-
-def check_carry(state, new_shape, cfg: RunConfig) -> None:
-    """The step returns a state of the same structure, shapes and dtypes (the device loop carries it)."""
-    a, ta = jax.tree_util.tree_flatten_with_path(state)
-    if not cfg.has_aux and isinstance(new_shape, tuple) and len(new_shape) == 2:
-        if jax.tree_util.tree_structure(new_shape[0]) == ta:  # type: ignore[operator]  # jaxlib's stub
-            raise JaxlogError("the step function returns a pair (state, something): pass has_aux=True to record "
-                              "the second part as aux, or return only the state")
-    b, tb = jax.tree_util.tree_flatten_with_path(new_shape)
-    if ta != tb:  # type: ignore[operator]  # jaxlib's stub: PyTreeDef compares
-        raise JaxlogError(f"the step function changed the state's structure: {ta} -> {tb}")
-    for (kp, x), (_, y) in zip(a, b):
-        if tuple(x.shape) != tuple(y.shape) or x.dtype != y.dtype:
-            raise JaxlogError(f"the step function changed state leaf {jax.tree_util.keystr(kp)}: "
-                              f"{x.dtype}{list(x.shape)} -> {y.dtype}{list(y.shape)}")

@@ -47,13 +47,14 @@ from ..device.chunks import (
     scalars_on,
     segments,
 )
-from ..device.plan import Resolved, as_arrays, laid_out, placed_alike, programs_of, signature_of
+from ..device.plan import (Resolved, as_arrays, capacity_of, laid_out, placed_alike, programs_of, resolve_run,
+                          signature_of)
 from ..device.program import Lane, Plan
 from ..prepare import sharding as shards
 from ..prepare.identity import placed
 from ..prepare.sharding import StopVote
 from .checkpointer import Checkpointer, replay, resume_into
-from .config import RunConfig, capacity_of, resolve_run
+from .config import RunConfig
 from .loggers import ProgressLogger, progress_for_run
 from .pipeline import Pipeline, Span
 from .result import Run, make_run, run_timings
