@@ -280,7 +280,7 @@ def _chunk_program_loop(step, state, record, steps: int, per_dispatch: int = 1, 
     resolved = resolve_run(cfg, state)
     plan, shapes = resolved.plan, resolved.shapes
     plan = laid_out(plan, capacity_of(cfg, resolved.schema), shapes, pack=True,
-                               block=program.block_for(jax.default_backend()))
+                    block=program.block_for(jax.default_backend()))
     per_dispatch = min(per_dispatch, plan.length)
     bufs = [program.buffers(plan, shapes)]
     kept = scalars_on(None, False)  # the dispatch's scalars kept on the device, as the driver keeps them
