@@ -168,7 +168,7 @@ KILL_CHILD = """
         h5py.Group.create_dataset = create_dataset
     elif point == "rename":  # complete and flushed, not yet in place
         os.replace = die
-    elif point == "after":  # in place, the writer thread not started yet (the disk's helper thread is)
+    elif point == "after":  # in place, the writer thread (and with it the disk's helper thread) not started yet
         import threading
         real_start = threading.Thread.start
         def start(self):

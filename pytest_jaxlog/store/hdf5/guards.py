@@ -210,11 +210,12 @@ class GuardedDisk(journal.Disk):
 
     # -- the helper thread ----------------------------------------------------------------------
     def start(self) -> None:
-        """Start the helper thread, from the thread opening the writer, before any HDF5 call.
-        Why not on the first call: the writer thread's calls come from inside h5py, which holds
-        its global lock there, and starting a thread waits for the new thread to run, which needs
-        the interpreter's lock; a thread holding that while it waits for h5py's lock (the next
-        writer opening a file) then deadlocks all three."""
+        """Start the helper thread: from the writer thread as its first act, before it makes
+        any HDF5 call. Why not on the first call: the writer thread's calls come from inside
+        h5py, which holds its global lock there, and starting a thread waits for the new thread
+        to run, which needs the interpreter's lock; a thread holding that while it waits for
+        h5py's lock (the next writer opening a file) then deadlocks all three. Until it runs,
+        every call is made where it is asked (the owner's creating the file needs none)."""
         with self._use:
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(target=_serve, args=(self._jobs, self._helper_gc),

@@ -224,8 +224,7 @@ class HDF5Writer(Sink):
                 raise JaxlogError(f"{self.path} exists and HDF5Writer(overwrite=False)")
             recover(self.path)  # a commit a killed writer left half applied: rolled back first
             remove_stale_temps(self.path)
-            self._disk.start()  # before any HDF5 call: never from inside one (store.hdf5.guards)
-            self._worker.create(schema, meta)
+            self._worker.create(schema, meta)  # (the disk's helper thread starts on the writer thread)
             self._state = "open"  # the file is in place
             self._thread = WorkerThread(self._run, f"jaxlog-hdf5:{self.path.name}")
             _LIVE.add(self)

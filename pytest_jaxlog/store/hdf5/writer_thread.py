@@ -642,6 +642,16 @@ class WriterThread:
         """The writer thread: takes the items handed over, commits every ``flush_every_s`` while
         frames wait, and returns once the file is finished."""
         q = self.link.queue
+        try:
+            # here, its first act, and not in the caller's open: starting a thread waits until the
+            # new one runs, which on a loaded machine (the run's chunk computing, pytest-xdist's
+            # workers) costs the caller milliseconds; and this thread holds nothing of h5py yet
+            self.link.disk.start()
+        except BaseException as exc:  # noqa: BLE001  (kept and raised on the caller's thread)
+            err = WriterError(f"writing {self.path} failed: the guard against a hung disk could not start its "
+                              f"thread: {type(exc).__name__}: {exc}")
+            err.__cause__ = exc
+            self.link.set_error(err)
         next_flush = time.monotonic() + self.settings.flush_every_s
         dirty = False
         while True:
