@@ -648,10 +648,10 @@ class WriterThread:
             # workers) costs the caller milliseconds; and this thread holds nothing of h5py yet
             self.link.disk.start()
         except BaseException as exc:  # noqa: BLE001  (kept and raised on the caller's thread)
-            err = WriterError(f"writing {self.path} failed: the guard against a hung disk could not start its "
-                              f"thread: {type(exc).__name__}: {exc}")
-            err.__cause__ = exc
-            self.link.set_error(err)
+            unguarded = WriterError(f"writing {self.path} failed: the guard against a hung disk could not start "
+                                    f"its thread: {type(exc).__name__}: {exc}")
+            unguarded.__cause__ = exc
+            self.link.set_error(unguarded)
         next_flush = time.monotonic() + self.settings.flush_every_s
         dirty = False
         while True:
