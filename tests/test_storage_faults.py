@@ -23,6 +23,7 @@ from storage_helpers import frames_for, simple_schema
 
 import pytest_jaxlog as jl
 from pytest_jaxlog.record.frames import Frames
+from pytest_jaxlog.store.hdf5.guards import GuardedDisk
 from pytest_jaxlog.store.hdf5.writer import HDF5Writer
 from pytest_jaxlog.store.hdf5.trajectory import load
 
@@ -185,7 +186,8 @@ CHILD = textwrap.dedent(
     import sys, numpy as np
     from pytest_jaxlog.record.frames import Frames, LeafSpec, Schema
     from pytest_jaxlog.record.schedule import every
-    from pytest_jaxlog.store.hdf5.writer import HDF5Writer
+    from pytest_jaxlog.store.hdf5.guards import GuardedDisk
+from pytest_jaxlog.store.hdf5.writer import HDF5Writer
 
     path, mode = sys.argv[1], sys.argv[2]
     schema = Schema((LeafSpec("energy", "energy", (), np.dtype("float64"), every(1)),
@@ -284,7 +286,8 @@ INTERRUPTED_POLL = textwrap.dedent(
     import inspect, signal, sys, threading, time, numpy as np
     from pytest_jaxlog.record.frames import Frames, LeafSpec, Schema
     from pytest_jaxlog.record.schedule import every
-    from pytest_jaxlog.store.hdf5.writer import HDF5Writer
+    from pytest_jaxlog.store.hdf5.guards import GuardedDisk
+from pytest_jaxlog.store.hdf5.writer import HDF5Writer
 
     signal.signal(signal.SIGINT, signal.default_int_handler)  # (a child of a background job ignores it)
 
@@ -425,6 +428,27 @@ def test_dead_writer_thread_raises_on_write_and_close_finishes_the_file(tmp_path
     assert traj.status == "failed" and "died" in traj.writer_error
 
 
+def test_a_disk_guard_that_cannot_start_fails_the_writer_naming_why(tmp_path, monkeypatch):
+    """The writer thread starts the disk guard's helper thread as its first act; where no thread
+    can be started, the writer writes nothing unguarded: the caller's next write or flush raises
+    the cause, and the file, in place since the open, says the run failed and why."""
+    def no_thread(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(GuardedDisk, "start", no_thread)
+    schema = simple_schema()
+    w = HDF5Writer(tmp_path / "t.h5")
+    w.open(schema, {})
+    with pytest.raises(jl.WriterError, match="guard against a hung disk could not start its thread: RuntimeError: "
+                                             "can't start new thread"):
+        w.write(frames_for(schema, 0, 3))
+        w.flush()  # (the write raises it when the thread said so first)
+    no_hang(w.close, "complete")
+    traj = load(tmp_path / "t.h5")
+    assert traj.status == "failed" and "could not start its thread" in traj.writer_error
+    assert len(traj.steps(schema.paths[0])) == 0  # nothing written past the open
+
+
 # -- a kill inside the rewrite of the partly filled last chunk ---------------------------------------
 
 TORN_CHILD = textwrap.dedent(
@@ -433,7 +457,8 @@ TORN_CHILD = textwrap.dedent(
     import numpy as np
     from pytest_jaxlog.record.frames import Frames, LeafSpec, Schema
     from pytest_jaxlog.record.schedule import every
-    from pytest_jaxlog.store.hdf5.writer import HDF5Writer
+    from pytest_jaxlog.store.hdf5.guards import GuardedDisk
+from pytest_jaxlog.store.hdf5.writer import HDF5Writer
 
     w = HDF5Writer(sys.argv[1], flush_every_s=60.0)
     w.open(Schema((LeafSpec("x", "x", (8,), np.dtype("float32"), every(1)),)), {"provenance": {}})
