@@ -27,7 +27,8 @@ from .program import Lane, Plan
 if TYPE_CHECKING:  # read by name only: the options are declared on the host side
     from ..host.config import RunConfig
 
-__all__ = ['lanes_of', 'log_lanes', 'resolve_run', 'capacity_of', 'auto_chunk', 'laid_out', 'signature_of', 'as_arrays', 'Resolved', 'DEFAULT_BUDGET', 'CHUNK_CAP']
+__all__ = ['lanes_of', 'log_lanes', 'resolve_run', 'capacity_of', 'auto_chunk', 'laid_out', 'signature_of', 'as_arrays',
+           'Resolved', 'DEFAULT_BUDGET', 'CHUNK_CAP']
 
 
 _LANES = Cache("lanes")  # (record's items, has_aux, aux) -> lanes: what the last runs asked for

@@ -103,10 +103,11 @@ def configure(given: RunConfig, state: Any, resume: ResumePoint | None = None) -
     if log_capacity is not None:
         log_capacity = check_count(log_capacity, "log_capacity", minimum=1, none="or None")
     return dataclasses.replace(
-        given, steps=steps, start_step=start_step, invariants=as_list(given.invariants), key=None if given.key is None else as_key(given.key, shape),
-        chunk=chunk, has_aux=bool(given.has_aux), batched=shape, on_violation=check_on_violation(given.on_violation),
-        postmortem=int(given.postmortem), chunk_budget_bytes=int(given.chunk_budget_bytes), donate=bool(given.donate),
-        logs=log_schedules(given.logs), log_capacity=log_capacity,
+        given, steps=steps, start_step=start_step, invariants=as_list(given.invariants),
+        key=None if given.key is None else as_key(given.key, shape), chunk=chunk, has_aux=bool(given.has_aux),
+        batched=shape, on_violation=check_on_violation(given.on_violation), postmortem=int(given.postmortem),
+        chunk_budget_bytes=int(given.chunk_budget_bytes), donate=bool(given.donate), logs=log_schedules(given.logs),
+        log_capacity=log_capacity,
         checkpoint=None if given.checkpoint is None else as_schedule(given.checkpoint, "checkpoint="), resume=resume,
         until_values=takes_values(given.until, "until="), meta=_meta(given.meta, resume))
 
