@@ -186,8 +186,7 @@ CHILD = textwrap.dedent(
     import sys, numpy as np
     from pytest_jaxlog.record.frames import Frames, LeafSpec, Schema
     from pytest_jaxlog.record.schedule import every
-    from pytest_jaxlog.store.hdf5.guards import GuardedDisk
-from pytest_jaxlog.store.hdf5.writer import HDF5Writer
+    from pytest_jaxlog.store.hdf5.writer import HDF5Writer
 
     path, mode = sys.argv[1], sys.argv[2]
     schema = Schema((LeafSpec("energy", "energy", (), np.dtype("float64"), every(1)),
@@ -286,8 +285,7 @@ INTERRUPTED_POLL = textwrap.dedent(
     import inspect, signal, sys, threading, time, numpy as np
     from pytest_jaxlog.record.frames import Frames, LeafSpec, Schema
     from pytest_jaxlog.record.schedule import every
-    from pytest_jaxlog.store.hdf5.guards import GuardedDisk
-from pytest_jaxlog.store.hdf5.writer import HDF5Writer
+    from pytest_jaxlog.store.hdf5.writer import HDF5Writer
 
     signal.signal(signal.SIGINT, signal.default_int_handler)  # (a child of a background job ignores it)
 
@@ -457,8 +455,7 @@ TORN_CHILD = textwrap.dedent(
     import numpy as np
     from pytest_jaxlog.record.frames import Frames, LeafSpec, Schema
     from pytest_jaxlog.record.schedule import every
-    from pytest_jaxlog.store.hdf5.guards import GuardedDisk
-from pytest_jaxlog.store.hdf5.writer import HDF5Writer
+    from pytest_jaxlog.store.hdf5.writer import HDF5Writer
 
     w = HDF5Writer(sys.argv[1], flush_every_s=60.0)
     w.open(Schema((LeafSpec("x", "x", (8,), np.dtype("float32"), every(1)),)), {"provenance": {}})
