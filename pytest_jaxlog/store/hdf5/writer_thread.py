@@ -648,10 +648,7 @@ class WriterThread:
             # workers) costs the caller milliseconds; and this thread holds nothing of h5py yet
             self.link.disk.start()
         except BaseException as exc:  # noqa: BLE001  (kept and raised on the caller's thread)
-            unguarded = WriterError(f"writing {self.path} failed: the guard against a hung disk could not start "
-                                    f"its thread: {type(exc).__name__}: {exc}")
-            unguarded.__cause__ = exc
-            self.link.set_error(unguarded)
+            self._keep_error(exc, "the guard against a hung disk could not start its thread: ")
         next_flush = time.monotonic() + self.settings.flush_every_s
         dirty = False
         while True:
@@ -684,11 +681,7 @@ class WriterThread:
                     dirty = False
                     next_flush = time.monotonic() + self.settings.flush_every_s
             except BaseException as exc:  # noqa: BLE001  (kept and raised on the caller's thread)
-                err = exc
-                if not isinstance(exc, WriterError):
-                    err = WriterError(f"writing {self.path} failed: {type(exc).__name__}: {exc}")
-                    err.__cause__ = exc
-                self.link.set_error(err)
+                self._keep_error(exc)
                 dirty = False
                 if item is not None and item.kind == "close":
                     self.link.finalized = True
@@ -697,6 +690,15 @@ class WriterThread:
                 if item is not None:  # its frames let go first: the room ``done`` makes is memory freed
                     done, item = Item(item.kind, None, item.nbytes), None
                     q.done(done)
+
+    def _keep_error(self, exc: BaseException, doing: str = "") -> None:
+        """The thread's error, as the caller's thread raises it: a ``WriterError`` as it is, any
+        other one as a ``WriterError`` naming the file (and what failed) caused by it."""
+        if not isinstance(exc, WriterError) or doing:
+            err = WriterError(f"writing {self.path} failed: {doing}{type(exc).__name__}: {exc}")
+            err.__cause__ = exc
+            exc = err
+        self.link.set_error(exc)
 
     def _file_end(self) -> int:
         return self._file.id.get_filesize()
