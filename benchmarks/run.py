@@ -273,7 +273,7 @@ def _chunk_program_loop(step, state, record, steps: int, per_dispatch: int = 1, 
     dispatch that a ``chunk=1`` run cannot avoid; with the whole run, the device program alone.
     ``initial``: the first dispatch records the initial state, as a run's first chunk does."""
     from pytest_jaxlog.drive.device.plan import capacity_of, laid_out, resolve_run
-    from pytest_jaxlog.drive.host.config import RunConfig, configure
+    from pytest_jaxlog.drive.prepare.config import RunConfig, configure
     from pytest_jaxlog.drive.device.chunks import scalars_on
 
     cfg = configure(RunConfig(step=step, steps=steps, record=record, chunk=per_dispatch, donate=False), state)

@@ -168,6 +168,36 @@ def bad_phase_imports(path: Path, root: Path = PACKAGE) -> list[str]:
     return bad
 
 
+def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports: every import, at load, in a function or under
+    ``if TYPE_CHECKING:`` (a name taken from a module counts as that module)."""
+    names = {}
+    for path in root.rglob("*.py"):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        names[".".join(["pytest_jaxlog", *parts[: -1 if parts[-1] == "__init__" else None]])] = path
+    graph = {}
+    for name, path in names.items():
+        targets = {m if m in names else m.rpartition(".")[0] for _, m in _imports(path, root=root)}
+        graph[name] = {t for t in targets if t in names and t != name}
+    return graph
+
+
+def circles(root: Path = PACKAGE) -> list[list[str]]:
+    """The groups of modules that reach each other through imports (an annotation-only import
+    included: it is not run, but the modules still cannot be read, or moved, one before the other)."""
+    graph = import_graph(root)
+    reach = {}
+    for start in graph:
+        seen: set[str] = set()
+        todo = [start]
+        while todo:
+            for target in graph[todo.pop()] - seen:
+                seen.add(target)
+                todo.append(target)
+        reach[start] = seen
+    return sorted({tuple(sorted(n for n in reach[m] if m in reach[n])) for m in graph if m in reach[m]})
+
+
 def pytest_imports(path: Path, root: Path = PACKAGE) -> list[str]:
     """``pytest`` imported (anywhere in the file) outside the pytest side."""
     if _layer(path, root) in PYTEST_ALLOWED:
@@ -233,6 +263,12 @@ def test_imports_point_down(path):
 def test_drives_phases_import_only_earlier_phases(path):
     bad = bad_phase_imports(path)
     assert not bad, f"{path.relative_to(PACKAGE)} imports a later phase of drive:\n" + "\n".join(bad)
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    found = circles()
+    assert not found, "modules that import each other (directly or through others):\n" + "\n".join(
+        " <-> ".join(group) for group in found)
 
 
 def test_the_drive_phases_are_the_folders_of_drive():
@@ -367,6 +403,23 @@ def test_a_planted_violation_is_flagged(copy_of_package, case):
     finally:
         path.unlink()
     assert any(said in line for line in flagged), flagged
+
+
+def test_a_circle_through_an_annotation_only_import_is_flagged(copy_of_package):
+    """The phase check lets an annotation-only import run up (it is never executed); the circle
+    it closes is still flagged."""
+    plan = copy_of_package / "drive" / "device" / "plan.py"
+    original = plan.read_text()
+    plan.write_text(original + "\nif TYPE_CHECKING:\n    from ..host.loop import RunLoop\n")
+    try:
+        assert bad_phase_imports(plan, copy_of_package) == []
+        found = circles(copy_of_package)
+    finally:
+        plan.write_text(original)
+    # loop imports chunks, which imports plan
+    assert found == [("pytest_jaxlog.drive.device.chunks", "pytest_jaxlog.drive.device.plan",
+                      "pytest_jaxlog.drive.host.loop")]
+    assert circles(copy_of_package) == []
 
 
 def test_jax_at_load_in_a_lower_layer_is_flagged(copy_of_package):

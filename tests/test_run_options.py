@@ -1,4 +1,4 @@
-"""jl.run's options are declared once, by ``RunConfig`` (``drive.host.config``); ``jl.run``'s
+"""jl.run's options are declared once, by ``RunConfig`` (``drive.prepare.config``); ``jl.run``'s
 signature repeats them for the reader's IDE. These tests hold the two equal, and hold the entries
 that take the options as keywords (``run_outcome``: the fixture's, ``jl.resume``'s) to refusing
 what ``jl.run`` itself refuses."""
@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import pytest
 
 import pytest_jaxlog as jl
-from pytest_jaxlog.drive.host.config import OPTIONS, RunConfig
+from pytest_jaxlog.drive.prepare.config import OPTIONS, RunConfig
 from pytest_jaxlog.drive.run import run_outcome
 
 

@@ -7,7 +7,7 @@ host work (frames, invariants, sinks) overlaps device work. With ``until=``, the
 travels from chunk to chunk on the device: the chunk dispatched ahead runs no step once it is set.
 
 The run itself is ``drive.host.loop.RunLoop``; what it works out before any step runs is
-``drive.device.plan``; ``drive.host.config`` declares the options (``RunConfig``; ``run``'s
+``drive.device.plan``; ``drive.prepare.config`` declares the options (``RunConfig``; ``run``'s
 signature repeats them for the reader's IDE and makes one ``RunConfig`` of them) and checks them.
 Two entries besides ``jl.run`` take the options as keywords: :func:`run_outcome` (the run's
 result or error as a value, with the partial run) and :func:`resume_run` (``jl.resume``'s,
@@ -23,8 +23,8 @@ from ..errors import hide_frame_from_checks
 from ..profiling.timings import CompileTracker
 from .checkpoints.checkpoint import ResumePoint
 from .device import program
-from .device.plan import DEFAULT_BUDGET, auto_chunk
-from .host.config import OPTIONS, RunConfig, configure
+from .device.plan import auto_chunk
+from .prepare.config import DEFAULT_BUDGET, OPTIONS, RunConfig, configure
 from .host.loop import RunLoop
 from .host.result import STOP_REASONS, Outcome, Run
 from .host.signals import sigterm_noted

@@ -50,9 +50,10 @@ from ...record.frames import Frames, concat_values
 from ...record.schedule import Schedule
 from ...record.schedule import every as every_step
 from ...store.hdf5.writer import FRAME_CHUNK_BYTES, QUEUE_BYTES
+from ..prepare.config import DEFAULT_BUDGET
 from ..prepare.identity import Cache, register
 from . import program
-from .plan import DEFAULT_BUDGET, capacity_for, step_bytes
+from .plan import capacity_for, step_bytes
 from .program import Control, Plan, block_for, control
 
 __all__ = ['Segment', 'segments', 'Bound', 'bound', 'set_bytes', 'SETS_IN_FLIGHT', 'HDF5_CHUNK', 'ONE_SET_BYTES']

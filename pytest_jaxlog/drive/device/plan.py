@@ -1,4 +1,4 @@
-"""A run planned before any step runs. What enters: the checked options (``drive.host.config``'s
+"""A run planned before any step runs. What enters: the checked options (``drive.prepare.config``'s
 ``RunConfig``, read by name) and the state. What leaves: what the run records as lanes of the
 chunk program (the views of ``record=``, the aux leaves ``aux=`` chooses, the values the step
 logs with ``jl.log``), the plan and schema (:class:`Resolved`), the chunk capacity and the plan
@@ -7,7 +7,7 @@ laid out for it, the state as the program carries it."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -18,17 +18,15 @@ from ...record.frames import Schema
 from ...record.records import AUX, LOG, check_name, normalize_records
 from ...record.schedule import Schedule, as_schedule
 from ..prepare import identity
+from ..prepare.config import DEFAULT_BUDGET, RunConfig
 from ..prepare.identity import Cache
 from ..prepare.schema import (AUX_SCHEDULE, LOG_SCHEDULE, Segments, ValueSource, Values, n_systems_of, resolve,
                               short_error, step_values, takes_values)
 from . import program
 from .program import Lane, Plan
 
-if TYPE_CHECKING:  # read by name only: the options are declared on the host side
-    from ..host.config import RunConfig
-
 __all__ = ['lanes_of', 'log_lanes', 'resolve_run', 'capacity_of', 'auto_chunk', 'laid_out', 'signature_of', 'as_arrays',
-           'Resolved', 'DEFAULT_BUDGET', 'CHUNK_CAP']
+           'Resolved', 'CHUNK_CAP']
 
 
 _LANES = Cache("lanes")  # (record's items, has_aux, aux) -> lanes: what the last runs asked for
@@ -96,7 +94,6 @@ def log_lanes(lanes: tuple[Lane, ...], logs: tuple[tuple[str, Schedule], ...], l
 # the chunk's argument signature. Each is kept per kernel (see ``drive.prepare.identity``): tracing the step
 # and every view costs milliseconds, which matters for short runs.
 
-DEFAULT_BUDGET = 64 * 2**20
 CHUNK_CAP = 10_000
 
 _RESOLVED = Cache("resolved runs")

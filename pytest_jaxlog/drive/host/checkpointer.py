@@ -26,7 +26,7 @@ from ..checkpoints.checkpoint import (
     step_name,
 )
 from ..checkpoints.checkpoint import NAME as CHECKPOINT
-from .config import RunConfig
+from ..prepare.config import RunConfig
 from .pipeline import Pipeline
 
 __all__ = ['Checkpointer', 'resume_into']

@@ -51,10 +51,10 @@ from ..device.plan import (Resolved, as_arrays, capacity_of, laid_out, placed_al
                           signature_of)
 from ..device.program import Lane, Plan
 from ..prepare import sharding as shards
+from ..prepare.config import RunConfig
 from ..prepare.identity import placed
 from ..prepare.sharding import StopVote
 from .checkpointer import Checkpointer, replay, resume_into
-from .config import RunConfig
 from .loggers import ProgressLogger, progress_for_run
 from .pipeline import Pipeline, Span
 from .result import Run, make_run, run_timings

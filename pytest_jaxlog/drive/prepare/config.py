@@ -16,12 +16,11 @@ from ...check.invariants import as_list, check_on_violation
 from ...errors import JaxlogError
 from ...record.records import check_meta
 from ...record.schedule import as_schedule, check_count
-from ..checkpoints.checkpoint import ResumePoint
-from ..device.plan import DEFAULT_BUDGET
-from ..prepare.schema import Segments, as_segments, log_schedules, takes_values
+from .schema import Segments, as_segments, log_schedules, takes_values
 
-__all__ = ['RunConfig', 'configure', 'OPTIONS']
+__all__ = ['RunConfig', 'configure', 'OPTIONS', 'DEFAULT_BUDGET']
 
+DEFAULT_BUDGET = 64 * 2**20  # chunk_budget_bytes=: device memory for one chunk's record buffers (drive.device.plan)
 _NOT_AN_OPTION = {"option": False}  # a field of the run that jl.run takes no keyword for
 
 
@@ -61,7 +60,8 @@ class RunConfig:
     checkpoint: Any = None  # checked: a Schedule or None
     meta: Any = None  # checked: the run's JSON metadata as a dict (see record.records)
     segments: Any = None
-    resume: ResumePoint | None = field(default=None, metadata=_NOT_AN_OPTION)  # set by jl.resume
+    # set by jl.resume: the drive.checkpoints.ResumePoint it continues from (a later phase: named, not imported)
+    resume: Any = field(default=None, metadata=_NOT_AN_OPTION)
     # until= takes (state, values): the step's aux and logs (see drive.prepare.schema)
     until_values: bool = field(default=False, metadata=_NOT_AN_OPTION)
 
@@ -82,7 +82,7 @@ OPTIONS = frozenset(f.name for f in dataclasses.fields(RunConfig)
                     if f.metadata.get("option", True) and f.name not in ("step", "steps"))
 
 
-def configure(given: RunConfig, state: Any, resume: ResumePoint | None = None) -> RunConfig:
+def configure(given: RunConfig, state: Any, resume: Any = None) -> RunConfig:
     """``given`` checked and normalized (see :class:`RunConfig`); ``state`` only to say when it
     looks swapped with ``step``; ``resume``: the checkpoint ``jl.resume`` continues from."""
     step, batched, log_capacity, chunk = given.step, given.batched, given.log_capacity, given.chunk
@@ -112,7 +112,7 @@ def configure(given: RunConfig, state: Any, resume: ResumePoint | None = None) -
         until_values=takes_values(given.until, "until="), meta=_meta(given.meta, resume))
 
 
-def _meta(meta: Any, resume: ResumePoint | None) -> dict:
+def _meta(meta: Any, resume: Any) -> dict:
     """``meta=`` checked; a resumed run keeps the file's (a ``meta=`` that differs is refused)."""
     mine = None if meta is None else check_meta(meta)
     if resume is None:
