@@ -49,6 +49,12 @@ def _layer(path: Path, root: Path = PACKAGE) -> str:
     return rel.parts[0] if len(rel.parts) > 1 else rel.stem
 
 
+def _module_name(path: Path, root: Path = PACKAGE) -> str:
+    """The dotted name ``path`` is imported by (a package's ``__init__``: the package's)."""
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(["pytest_jaxlog", *parts[: -1 if parts[-1] == "__init__" else None]])
+
+
 def _package_of(path: Path, root: Path = PACKAGE) -> list[str]:
     return list(path.relative_to(root).parent.parts)
 
@@ -171,10 +177,7 @@ def bad_phase_imports(path: Path, root: Path = PACKAGE) -> list[str]:
 def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
     """Module -> the package's modules it imports: every import, at load, in a function or under
     ``if TYPE_CHECKING:`` (a name taken from a module counts as that module)."""
-    names = {}
-    for path in root.rglob("*.py"):
-        parts = list(path.relative_to(root).with_suffix("").parts)
-        names[".".join(["pytest_jaxlog", *parts[: -1 if parts[-1] == "__init__" else None]])] = path
+    names = {_module_name(path, root): path for path in root.rglob("*.py")}
     graph = {}
     for name, path in names.items():
         targets = {m if m in names else m.rpartition(".")[0] for _, m in _imports(path, root=root)}
@@ -182,7 +185,7 @@ def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
     return graph
 
 
-def circles(root: Path = PACKAGE) -> list[list[str]]:
+def circles(root: Path = PACKAGE) -> list[tuple[str, ...]]:
     """The groups of modules that reach each other through imports (an annotation-only import
     included: it is not run, but the modules still cannot be read, or moved, one before the other)."""
     graph = import_graph(root)
@@ -228,8 +231,7 @@ def jax_at_load(layer: str, root: Path = PACKAGE) -> list[str]:
     """Modules of ``layer`` whose import (in a fresh interpreter, with everything they import) starts jax."""
     folder = root / layer
     paths = sorted(folder.glob("*.py")) if folder.is_dir() else [root / f"{layer}.py"]
-    names = [".".join(["pytest_jaxlog", *p.relative_to(root).with_suffix("").parts]) for p in paths]
-    names = [n[: -len(".__init__")] if n.endswith(".__init__") else n for n in names]
+    names = [_module_name(p, root) for p in paths]
     code = ("import importlib, json, sys\n"
             "out = []\n"
             f"for name in {names!r}:\n"
